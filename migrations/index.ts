@@ -1,0 +1,17 @@
+import type { Migration, MigrationProvider } from 'kysely';
+import * as m0001 from './0001_task_state.js';
+
+/**
+ * Every migration, in order. Imported statically (not read from the folder) so the same
+ * list works from TypeScript sources and from the compiled `dist/`. Forward-only: never
+ * edit a migration that has landed; add the next number.
+ */
+export const migrations: Record<string, Migration> = {
+  '0001_task_state': m0001,
+};
+
+export const migrationProvider: MigrationProvider = {
+  async getMigrations() {
+    return migrations;
+  },
+};

@@ -1,0 +1,256 @@
+/**
+ * A single-node KRaft Apache Kafka broker run from its jars on Maven Central, for machines
+ * without Docker. Facts this relies on (checked on the dev machine, 2026-11-29):
+ * - `org.apache.kafka:kafka_2.13:3.9.1` resolves with all runtime jars through
+ *   maven-dependency-plugin 3.6.1 `copy-dependencies`; the POM brings no logging binding,
+ *   so scripts/kafka/pom.xml adds slf4j-reload4j + reload4j (3.9 logs through log4j 1.x).
+ * - 3.9.x rather than 4.x: kafkajs 2.2.4 (its last release) is known to work against 3.x;
+ *   4.x dropped old protocol versions (KIP-896).
+ * - The broker is ready when a kafkajs admin client can list topics.
+ */
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { closeSync, existsSync, openSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { Kafka, logLevel } from 'kafkajs';
+import { ensureDir, kafkaPaths } from './paths.js';
+
+export const KAFKA_VERSION = '3.9.1';
+export const kafkaPort = Number(process.env.CAIRN_KAFKA_PORT ?? 19092);
+export const controllerPort = Number(process.env.CAIRN_KAFKA_CONTROLLER_PORT ?? kafkaPort + 1);
+export const localBrokers = `127.0.0.1:${kafkaPort}`;
+
+const READY_DEADLINE_MS = Number(process.env.CAIRN_KAFKA_START_TIMEOUT_MS ?? 120_000);
+
+/** True when the broker at `brokers` answers a metadata request within `timeoutMs`. */
+export async function kafkaAnswers(brokers: string, timeoutMs = 3000): Promise<boolean> {
+  const kafka = new Kafka({
+    clientId: 'cairn-stack-probe',
+    brokers: brokers.split(','),
+    logLevel: logLevel.NOTHING,
+    connectionTimeout: timeoutMs,
+    requestTimeout: timeoutMs,
+    retry: { retries: 0 },
+  });
+  const admin = kafka.admin();
+  try {
+    await withTimeout(admin.connect(), timeoutMs);
+    await withTimeout(admin.listTopics(), timeoutMs);
+    return true;
+  } catch {
+    return false;
+  } finally {
+    await admin.disconnect().catch(() => {});
+  }
+}
+
+function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms`)), ms);
+  });
+  return Promise.race([p, timeout]).finally(() => clearTimeout(timer));
+}
+
+export function readPid(): number | undefined {
+  if (!existsSync(kafkaPaths.pid)) return undefined;
+  const pid = Number(readFileSync(kafkaPaths.pid, 'utf8').trim());
+  return Number.isInteger(pid) && pid > 0 ? pid : undefined;
+}
+
+export function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Fetches the broker's jars with Maven once; later runs reuse `.cairn/kafka/libs` and `~/.m2`. */
+export function fetchJars(log: (line: string) => void): void {
+  const marker = `kafka_2.13-${KAFKA_VERSION}.jar`;
+  if (existsSync(kafkaPaths.libs) && readdirSync(kafkaPaths.libs).includes(marker)) return;
+  log(`fetching Apache Kafka ${KAFKA_VERSION} jars from Maven Central (first run only)...`);
+  rmSync(kafkaPaths.libs, { recursive: true, force: true });
+  ensureDir(kafkaPaths.libs);
+  try {
+    execFileSync(
+      'mvn',
+      [
+        '-B',
+        '-q',
+        '-f',
+        kafkaPaths.pom,
+        'org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies',
+        '-DincludeScope=runtime',
+        `-DoutputDirectory=${kafkaPaths.libs}`,
+      ],
+      { stdio: ['ignore', 'inherit', 'inherit'] },
+    );
+  } catch (err) {
+    rmSync(kafkaPaths.libs, { recursive: true, force: true });
+    throw new Error(
+      `could not fetch the Kafka jars with Maven (${(err as Error).message}). Cairn needs 'mvn' and 'java' (17+) ` +
+        'on PATH and access to Maven Central, or set KAFKA_BROKERS to a broker you run yourself.',
+    );
+  }
+}
+
+function writeConfig(): void {
+  ensureDir(kafkaPaths.data);
+  writeFileSync(
+    kafkaPaths.config,
+    [
+      'process.roles=broker,controller',
+      'node.id=1',
+      `controller.quorum.voters=1@127.0.0.1:${controllerPort}`,
+      `listeners=PLAINTEXT://127.0.0.1:${kafkaPort},CONTROLLER://127.0.0.1:${controllerPort}`,
+      // 127.0.0.1, never localhost: Node may resolve localhost to ::1 (kafkajs issue 1299).
+      `advertised.listeners=PLAINTEXT://127.0.0.1:${kafkaPort}`,
+      'controller.listener.names=CONTROLLER',
+      'inter.broker.listener.name=PLAINTEXT',
+      'listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT',
+      `log.dirs=${kafkaPaths.data}`,
+      // One node: every internal topic has replication factor 1, or groups never find a coordinator.
+      'offsets.topic.replication.factor=1',
+      'offsets.topic.num.partitions=3',
+      'transaction.state.log.replication.factor=1',
+      'transaction.state.log.min.isr=1',
+      'transaction.state.log.num.partitions=1',
+      'min.insync.replicas=1',
+      'num.partitions=3',
+      'group.initial.rebalance.delay.ms=0',
+      'auto.create.topics.enable=true',
+      'log.retention.hours=24',
+      'log.segment.bytes=67108864',
+      'num.network.threads=2',
+      'num.io.threads=4',
+      '',
+    ].join('\n'),
+  );
+  writeFileSync(
+    kafkaPaths.log4j,
+    [
+      'log4j.rootLogger=INFO, stdout',
+      'log4j.appender.stdout=org.apache.log4j.ConsoleAppender',
+      'log4j.appender.stdout.layout=org.apache.log4j.PatternLayout',
+      'log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n',
+      'log4j.logger.kafka=INFO',
+      'log4j.logger.org.apache.kafka=INFO',
+      'log4j.logger.state.change.logger=WARN',
+      'log4j.logger.kafka.log.LogCleaner=WARN',
+      '',
+    ].join('\n'),
+  );
+}
+
+function java(args: string[], opts: { log4j?: boolean } = {}): string[] {
+  const jvm = ['-Xms256m', '-Xmx512m', '-XX:+UseG1GC', '-Djava.awt.headless=true'];
+  if (opts.log4j) jvm.push(`-Dlog4j.configuration=file:${kafkaPaths.log4j}`);
+  return [...jvm, '-cp', `${kafkaPaths.libs}/*`, ...args];
+}
+
+function formatStorage(): void {
+  if (!existsSync(kafkaPaths.clusterId)) {
+    writeFileSync(kafkaPaths.clusterId, randomBytes(16).toString('base64url'));
+  }
+  const clusterId = readFileSync(kafkaPaths.clusterId, 'utf8').trim();
+  execFileSync(
+    'java',
+    java(
+      ['kafka.tools.StorageTool', 'format', '-t', clusterId, '-c', kafkaPaths.config, '--ignore-formatted'],
+      { log4j: true },
+    ),
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+}
+
+export function logTail(lines = 40): string {
+  if (!existsSync(kafkaPaths.log)) return '(no broker log yet)';
+  return readFileSync(kafkaPaths.log, 'utf8').trimEnd().split('\n').slice(-lines).join('\n');
+}
+
+/**
+ * Starts the local broker unless it already runs. Resolves when kafkajs can list topics;
+ * rejects with the broker log's tail when the JVM exits or the deadline passes.
+ */
+export async function startLocalKafka(log: (line: string) => void): Promise<{ started: boolean }> {
+  const pid = readPid();
+  if (pid && isAlive(pid) && (await kafkaAnswers(localBrokers))) return { started: false };
+  if (pid && isAlive(pid)) {
+    // A broker process we started is alive but not answering yet (still booting): wait for it.
+    await waitReady(undefined, log);
+    return { started: false };
+  }
+  if (await kafkaAnswers(localBrokers, 1500)) {
+    throw new Error(
+      `something already answers as Kafka on ${localBrokers} but it is not the broker Cairn started. ` +
+        'Set KAFKA_BROKERS=127.0.0.1:' +
+        kafkaPort +
+        ' to use it, or CAIRN_KAFKA_PORT to pick another port.',
+    );
+  }
+  ensureDir(kafkaPaths.root);
+  fetchJars(log);
+  writeConfig();
+  formatStorage();
+  const out = openSync(kafkaPaths.log, 'a');
+  const child = spawn('java', java(['kafka.Kafka', kafkaPaths.config], { log4j: true }), {
+    detached: true,
+    stdio: ['ignore', out, out],
+  });
+  closeSync(out);
+  if (!child.pid) throw new Error('could not spawn java: is a JDK 17+ on PATH?');
+  writeFileSync(kafkaPaths.pid, String(child.pid));
+  child.unref();
+  log(`starting Kafka ${KAFKA_VERSION} (pid ${child.pid}) on ${localBrokers}, log: ${kafkaPaths.log}`);
+  await waitReady(child, log);
+  return { started: true };
+}
+
+async function waitReady(child: ChildProcess | undefined, log: (line: string) => void): Promise<void> {
+  const started = Date.now();
+  let exited: number | null | undefined;
+  child?.once('exit', (code) => {
+    exited = code;
+  });
+  while (Date.now() - started < READY_DEADLINE_MS) {
+    if (exited !== undefined) {
+      throw new Error(
+        `the Kafka broker exited (code ${exited}) before it was ready. Last log lines:\n${logTail()}`,
+      );
+    }
+    const pid = readPid();
+    if (pid && !isAlive(pid)) {
+      throw new Error(
+        `the Kafka broker (pid ${pid}) died before it was ready. Last log lines:\n${logTail()}`,
+      );
+    }
+    if (await kafkaAnswers(localBrokers, 2000)) {
+      log(`Kafka ready on ${localBrokers} after ${((Date.now() - started) / 1000).toFixed(1)} s`);
+      return;
+    }
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  throw new Error(
+    `the Kafka broker did not answer on ${localBrokers} within ${READY_DEADLINE_MS / 1000} s. Last log lines:\n${logTail()}`,
+  );
+}
+
+/** Stops the broker this stack started: SIGTERM for a clean shutdown, SIGKILL after `graceMs`. */
+export async function stopLocalKafka(
+  opts: { graceMs?: number; signal?: NodeJS.Signals } = {},
+): Promise<boolean> {
+  const pid = readPid();
+  if (!pid || !isAlive(pid)) {
+    rmSync(kafkaPaths.pid, { force: true });
+    return false;
+  }
+  process.kill(pid, opts.signal ?? 'SIGTERM');
+  const deadline = Date.now() + (opts.graceMs ?? 30_000);
+  while (isAlive(pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 200));
+  if (isAlive(pid)) process.kill(pid, 'SIGKILL');
+  while (isAlive(pid)) await new Promise((r) => setTimeout(r, 50));
+  rmSync(kafkaPaths.pid, { force: true });
+  return true;
+}

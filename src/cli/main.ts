@@ -1,0 +1,41 @@
+#!/usr/bin/env node
+/** `cairn <command>`: operator commands. Each command lives in its own module under src/cli/. */
+import { parseArgs } from 'node:util';
+import { CairnError } from '../errors.js';
+import { migrateCommand } from './migrate.js';
+
+const commands: Record<string, (argv: string[]) => Promise<number>> = {
+  migrate: migrateCommand,
+};
+
+const usage = `usage: cairn <command> [options]
+
+commands:
+  migrate            run pending migrations (prints what ran)
+  migrate --status   list migrations and whether they ran
+
+environment:
+  DATABASE_URL       Postgres (default postgres://postgres@127.0.0.1:5432/test)
+  KAFKA_BROKERS      Kafka bootstrap servers (default 127.0.0.1:19092)`;
+
+async function main(argv: string[]): Promise<number> {
+  const { positionals } = parseArgs({ args: argv.slice(0, 1), allowPositionals: true, strict: false });
+  const name = positionals[0];
+  const command = name ? commands[name] : undefined;
+  if (!command) {
+    console.error(name ? `cairn: unknown command "${name}"\n\n${usage}` : usage);
+    return 2;
+  }
+  return command(argv.slice(1));
+}
+
+main(process.argv.slice(2)).then(
+  (code) => {
+    process.exitCode = code;
+  },
+  (err: unknown) => {
+    const e = err as Error;
+    console.error(`cairn: ${e instanceof CairnError ? `[${e.code}] ` : ''}${e.message}`);
+    process.exitCode = 1;
+  },
+);

@@ -1,0 +1,62 @@
+import { Kysely, PostgresDialect } from 'kysely';
+import pg from 'pg';
+import { z } from 'zod';
+import { UnavailableError } from '../errors.js';
+import { parseOptions } from '../options.js';
+import type { Database } from './types.js';
+
+// int8 (bigint) columns such as versions, ids and fencing tokens stay far below 2^53 in
+// practice; parse them as numbers so callers compare versions with plain ===.
+pg.types.setTypeParser(pg.types.builtins.INT8, (v) => Number(v));
+
+const DbOptions = z
+  .object({
+    connectionString: z.string().min(1),
+    max: z.number().int().positive().default(10),
+    connectionTimeoutMillis: z.number().int().positive().default(5000),
+    applicationName: z.string().default('cairn'),
+    statementTimeoutMillis: z.number().int().nonnegative().default(0),
+  })
+  .strict();
+
+export type DbOptions = z.input<typeof DbOptions>;
+export type Db = Kysely<Database>;
+
+/** Creates a kysely instance over a pg pool. Call `db.destroy()` to close it. */
+export function createDb(options: DbOptions): Db {
+  const o = parseOptions('database options', DbOptions, options);
+  const pool = new pg.Pool({
+    connectionString: o.connectionString,
+    max: o.max,
+    connectionTimeoutMillis: o.connectionTimeoutMillis,
+    application_name: o.applicationName,
+    ...(o.statementTimeoutMillis ? { statement_timeout: o.statementTimeoutMillis } : {}),
+  });
+  // An idle client whose backend is killed emits 'error' on the pool; without a listener
+  // that would crash the process. The next query simply gets a fresh connection.
+  pool.on('error', () => {});
+  return new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
+}
+
+/** Fails fast with the address tried and what to do, instead of hanging on a dead server. */
+export async function assertReachable(db: Db, connectionString: string): Promise<void> {
+  try {
+    await db.selectNoFrom((eb) => eb.val(1).as('one')).execute();
+  } catch (err) {
+    throw new UnavailableError(
+      `cannot reach Postgres at ${redact(connectionString)}: ${(err as Error).message}. ` +
+        'Check that the server runs, or set DATABASE_URL to one that does (see README: "Use your own Postgres and Kafka").',
+      err,
+    );
+  }
+}
+
+export function redact(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password) u.password = '***';
+    return u.toString();
+  } catch {
+    return '(unparsable connection string)';
+  }
+}

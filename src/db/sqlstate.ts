@@ -1,0 +1,51 @@
+/**
+ * Every SQLSTATE Cairn reacts to is mapped here and nowhere else.
+ * https://www.postgresql.org/docs/15/errcodes-appendix.html
+ */
+export const SqlState = {
+  uniqueViolation: '23505',
+  checkViolation: '23514',
+  foreignKeyViolation: '23503',
+  serializationFailure: '40001',
+  deadlockDetected: '40P01',
+  lockNotAvailable: '55P03',
+  raiseException: 'P0001',
+  adminShutdown: '57P01',
+  crashShutdown: '57P02',
+  cannotConnectNow: '57P03',
+  queryCanceled: '57014',
+} as const;
+
+export function sqlState(err: unknown): string | undefined {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code) ? code : undefined;
+}
+
+/** Errors where running the same transaction again may succeed. */
+export function isRetriableSqlError(err: unknown): boolean {
+  const state = sqlState(err);
+  if (state) {
+    return (
+      state === SqlState.serializationFailure ||
+      state === SqlState.deadlockDetected ||
+      state === SqlState.lockNotAvailable ||
+      state === SqlState.adminShutdown ||
+      state === SqlState.crashShutdown ||
+      state === SqlState.cannotConnectNow ||
+      state.startsWith('08') // connection exceptions
+    );
+  }
+  const code = (err as { code?: unknown } | null)?.code;
+  const message = (err as Error | null)?.message ?? '';
+  return (
+    code === 'ECONNREFUSED' ||
+    code === 'ECONNRESET' ||
+    code === 'EPIPE' ||
+    /Connection terminated|terminating connection|Client has encountered a connection error/i.test(message)
+  );
+}
+
+export function isUniqueViolation(err: unknown, constraint?: string): boolean {
+  if (sqlState(err) !== SqlState.uniqueViolation) return false;
+  return constraint === undefined || (err as { constraint?: string }).constraint === constraint;
+}

@@ -1,0 +1,65 @@
+import { randomBytes } from 'node:crypto';
+import pg from 'pg';
+import { inject } from 'vitest';
+import { createDb, type Db } from '../../src/db/database.js';
+import { migrateToLatest } from '../../src/db/migrate.js';
+
+export interface TestDatabase {
+  url: string;
+  name: string;
+  db: Db;
+  /** Drops the database (terminating its sessions). */
+  drop(): Promise<void>;
+}
+
+function withDatabase(url: string, name: string): string {
+  const u = new URL(url);
+  u.pathname = `/${name}`;
+  return u.toString();
+}
+
+async function admin<T>(fn: (c: pg.Client) => Promise<T>): Promise<T> {
+  const client = new pg.Client({ connectionString: inject('databaseUrl'), connectionTimeoutMillis: 5000 });
+  await client.connect();
+  try {
+    return await fn(client);
+  } finally {
+    await client.end();
+  }
+}
+
+/**
+ * A database of its own for one test file, so files run in parallel without sharing rows.
+ * `migrate: false` gives an empty database (for migration tests).
+ */
+export async function createTestDatabase(
+  label: string,
+  opts: { migrate?: boolean; max?: number } = {},
+): Promise<TestDatabase> {
+  const name = `cairn_t_${label
+    .replace(/[^a-z0-9]/gi, '_')
+    .toLowerCase()
+    .slice(0, 30)}_${randomBytes(4).toString('hex')}`;
+  await admin((c) => c.query(`CREATE DATABASE ${pg.escapeIdentifier(name)} TEMPLATE template0`));
+  const url = withDatabase(inject('databaseUrl'), name);
+  const db = createDb({ connectionString: url, max: opts.max ?? 10 });
+  if (opts.migrate !== false) await migrateToLatest(db);
+  return {
+    url,
+    name,
+    db,
+    async drop() {
+      await db.destroy();
+      await admin((c) => c.query(`DROP DATABASE IF EXISTS ${pg.escapeIdentifier(name)} WITH (FORCE)`));
+    },
+  };
+}
+
+/** A topic name no other test file uses. */
+export function uniqueTopic(label: string): string {
+  return `cairn-test.${label.replace(/[^a-zA-Z0-9._-]/g, '-')}.${randomBytes(4).toString('hex')}`;
+}
+
+export function kafkaBrokers(): string[] {
+  return inject('kafkaBrokers').split(',');
+}

@@ -1,0 +1,27 @@
+import { defineConfig } from 'vitest/config';
+
+export default defineConfig({
+  test: {
+    reporters: ['default'],
+    projects: [
+      {
+        test: {
+          name: 'unit',
+          include: ['test/**/*.unit.test.ts'],
+        },
+      },
+      {
+        test: {
+          name: 'int',
+          include: ['test/**/*.int.test.ts', 'test/**/*.chaos.test.ts'],
+          globalSetup: ['test/support/globalSetup.ts'],
+          testTimeout: 120_000,
+          hookTimeout: 120_000,
+          // Two cores shared with Postgres and the broker: two files at a time.
+          maxWorkers: 2,
+          fileParallelism: true,
+        },
+      },
+    ],
+  },
+});
