@@ -8,11 +8,13 @@ export default defineConfig({
         test: {
           name: 'unit',
           include: ['test/**/*.unit.test.ts'],
+          sequence: { groupOrder: 0 },
         },
       },
       {
         test: {
           name: 'int',
+          sequence: { groupOrder: 1 },
           include: ['test/**/*.int.test.ts', 'test/**/*.chaos.test.ts'],
           globalSetup: ['test/support/globalSetup.ts'],
           testTimeout: 120_000,

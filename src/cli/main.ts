@@ -3,9 +3,11 @@
 import { parseArgs } from 'node:util';
 import { CairnError } from '../errors.js';
 import { migrateCommand } from './migrate.js';
+import { stateCommand } from './state.js';
 
 const commands: Record<string, (argv: string[]) => Promise<number>> = {
   migrate: migrateCommand,
+  state: stateCommand,
 };
 
 const usage = `usage: cairn <command> [options]
@@ -13,6 +15,7 @@ const usage = `usage: cairn <command> [options]
 commands:
   migrate            run pending migrations (prints what ran)
   migrate --status   list migrations and whether they ran
+  state upgrade      rewrite tasks stored under an older schema as oaies.task-state.v2 (through CAS)
 
 environment:
   DATABASE_URL       Postgres (default postgres://postgres@127.0.0.1:5432/test)

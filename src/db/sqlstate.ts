@@ -1,3 +1,5 @@
+import { CairnError, InvalidTransitionError } from '../errors.js';
+
 /**
  * Every SQLSTATE Cairn reacts to is mapped here and nowhere else.
  * https://www.postgresql.org/docs/15/errcodes-appendix.html
@@ -14,7 +16,33 @@ export const SqlState = {
   crashShutdown: '57P02',
   cannotConnectNow: '57P03',
   queryCanceled: '57014',
+  // Raised by Cairn's own triggers (migrations/0001_task_state.ts).
+  taskTerminal: 'CN001',
+  undeclaredTransition: 'CN002',
+  versionNotPlusOne: 'CN003',
+  identityChanged: 'CN004',
+  budgetDecreased: 'CN005',
+  auditAppendOnly: 'CN006',
 } as const;
+
+/** Turns an error raised by Cairn's SQL guards into the typed error the code would have thrown. */
+export function mapSqlError(err: unknown): unknown {
+  const state = sqlState(err);
+  const message = (err as Error).message;
+  switch (state) {
+    case SqlState.taskTerminal:
+    case SqlState.undeclaredTransition:
+    case SqlState.identityChanged:
+      return new InvalidTransitionError(message);
+    case SqlState.versionNotPlusOne:
+    case SqlState.budgetDecreased:
+    case SqlState.auditAppendOnly:
+    case SqlState.checkViolation:
+      return new CairnError('invariant_violated', message, { cause: err });
+    default:
+      return err;
+  }
+}
 
 export function sqlState(err: unknown): string | undefined {
   const code = (err as { code?: unknown } | null)?.code;

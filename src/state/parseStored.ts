@@ -1,0 +1,36 @@
+import { ValidationError } from '../errors.js';
+import {
+  TASK_STATE_V1,
+  TASK_STATE_V2,
+  type TaskState,
+  TaskStateV1,
+  TaskStateV2,
+  upcastV1,
+} from '../schemas/taskState.js';
+import { zodIssues } from '../schemas/zodIssues.js';
+
+/**
+ * Reads a stored document by its schema_version: v2 as is, v1 through the explicit
+ * upcaster. A document that matches neither is refused, never patched up.
+ */
+export function parseStoredTaskState(row: { task_id: string; tenant_id: string; doc: unknown }): TaskState {
+  const doc = row.doc as { schema_version?: unknown } | null;
+  const version = doc?.schema_version;
+  if (version === TASK_STATE_V2) {
+    const r = TaskStateV2.safeParse(doc);
+    if (r.success) return r.data;
+    throw new ValidationError(`stored task ${row.task_id} (${TASK_STATE_V2})`, zodIssues(r.error, doc));
+  }
+  if (version === TASK_STATE_V1) {
+    const r = TaskStateV1.safeParse(doc);
+    if (r.success) return upcastV1(r.data, row.tenant_id);
+    throw new ValidationError(`stored task ${row.task_id} (${TASK_STATE_V1})`, zodIssues(r.error, doc));
+  }
+  throw new ValidationError(`stored task ${row.task_id}`, [
+    {
+      path: 'schema_version',
+      message: `unknown schema version; this Cairn reads ${TASK_STATE_V1} and ${TASK_STATE_V2}`,
+      value: version,
+    },
+  ]);
+}

@@ -1,0 +1,277 @@
+import { sql } from 'kysely';
+import { z } from 'zod';
+import type { Db } from '../db/database.js';
+import { type Executor, inTransaction, type Trx } from '../db/executor.js';
+import { mapSqlError, SqlState, sqlState } from '../db/sqlstate.js';
+import { CairnError, NotFoundError, StaleWriteError, ValidationError } from '../errors.js';
+import { type Logger, silentLogger } from '../logger.js';
+import { parseOptions } from '../options.js';
+import { NewTask, TaskPatch } from '../schemas/taskPatch.js';
+import {
+  GATES,
+  type GateName,
+  SpiffeId,
+  TASK_STATE_V2,
+  type TaskState,
+  TaskStateV2,
+} from '../schemas/taskState.js';
+import { zodIssues } from '../schemas/zodIssues.js';
+import { parseStoredTaskState } from './parseStored.js';
+import { diff } from './replay.js';
+import { assertChangeAllowed } from './rules.js';
+import { casUpdate } from './sql/casUpdate.js';
+import { DEFAULT_REQUIRED_GATES } from './transitions.js';
+
+const StoreOptions = z.strictObject({
+  db: z.custom<Db>((v) => typeof v === 'object' && v !== null, 'a kysely instance from createDb'),
+  logger: z.custom<Logger>().optional(),
+  requiredGates: z.array(z.enum(GATES)).default([...DEFAULT_REQUIRED_GATES]),
+});
+export type TaskStoreOptions = z.input<typeof StoreOptions>;
+
+export interface UpdateInput {
+  taskId: string;
+  expectedVersion: number;
+  patch: TaskPatch;
+  /** SPIFFE ID of the agent or person making the change; becomes `updated_by`. */
+  actor: string;
+  reason?: string;
+  /** Join the caller's transaction (for example one that also enqueues outbox messages). */
+  trx?: Trx;
+}
+
+export type UpdateResult =
+  | { ok: true; state: TaskState }
+  | {
+      ok: false;
+      reason: 'stale_version';
+      expectedVersion: number;
+      currentVersion: number | undefined;
+      error: StaleWriteError;
+    };
+
+export interface AuditRow {
+  task_id: string;
+  version: number;
+  prev_version: number | null;
+  actor: string;
+  reason: string | null;
+  patch: unknown[];
+  at: Date;
+}
+
+export interface TaskStore {
+  create(input: { task: NewTask; actor: string; reason?: string; trx?: Trx }): Promise<TaskState>;
+  get(taskId: string, opts?: { trx?: Trx }): Promise<TaskState | undefined>;
+  update(input: UpdateInput): Promise<UpdateResult>;
+  history(taskId: string, opts?: { trx?: Trx }): Promise<AuditRow[]>;
+}
+
+export function createTaskStore(options: TaskStoreOptions): TaskStore {
+  const o = parseOptions('task store options', StoreOptions, options);
+  const log = (o.logger ?? silentLogger).child({ component: 'task-store' });
+
+  async function dbNow(ex: Executor): Promise<string> {
+    const { rows } = await sql<{ now: Date }>`SELECT now() AS now`.execute(ex);
+    return rows[0]!.now.toISOString();
+  }
+
+  /** The row and the database's clock in one round trip (updated_at comes from the database). */
+  async function readRow(ex: Executor, taskId: string) {
+    return ex
+      .selectFrom('task_state')
+      .select(['task_id', 'tenant_id', 'version', 'schema_version', 'doc', sql<Date>`now()`.as('db_now')])
+      .where('task_id', '=', taskId)
+      .executeTakeFirst();
+  }
+
+  return {
+    async create({ task, actor, reason, trx }) {
+      checkActor(actor);
+      const input = parse('new task', NewTask, task);
+      return inTransaction(o.db, trx, async (t) => {
+        const now = await dbNow(t);
+        const state = parse('task state', TaskStateV2, {
+          schema_version: TASK_STATE_V2,
+          tenant_id: input.tenant_id,
+          task_id: input.task_id,
+          version: 1,
+          status: input.status ?? 'planning',
+          gates: { ...allGates(false), ...input.gates },
+          artifacts: input.artifacts ?? {},
+          active_agents: input.active_agents ?? [],
+          completed_agents: [],
+          failed_agents: [],
+          budget: input.budget ?? {
+            currency_committed_usd: 0,
+            currency_spent_usd: 0,
+            tokens_spent: 0,
+            hops_used: 0,
+          },
+          workflow_digest: input.workflow_digest,
+          intent_id: input.intent_id,
+          updated_at: now,
+          updated_by: actor,
+        });
+        try {
+          await t
+            .insertInto('task_state')
+            .values({
+              task_id: state.task_id,
+              tenant_id: state.tenant_id,
+              version: 1,
+              schema_version: TASK_STATE_V2,
+              status: state.status,
+              doc: JSON.stringify(state),
+            })
+            .execute();
+        } catch (err) {
+          if (sqlState(err) === SqlState.uniqueViolation) {
+            throw new CairnError(
+              'already_exists',
+              `task ${state.task_id} already exists; use update() to change it`,
+              {
+                cause: err,
+              },
+            );
+          }
+          throw err;
+        }
+        await insertAudit(t, state, null, actor, reason ?? 'created', diff({}, state));
+        log.debug({ task_id: state.task_id, version: 1 }, 'task created');
+        return state;
+      });
+    },
+
+    async get(taskId, opts = {}) {
+      const row = await readRow(opts.trx ?? o.db, taskId);
+      return row ? parseStoredTaskState(row) : undefined;
+    },
+
+    async update(input) {
+      checkActor(input.actor);
+      const patch = parse(`patch for task ${input.taskId}`, TaskPatch, input.patch);
+      return inTransaction(o.db, input.trx, async (t) => {
+        const row = await readRow(t, input.taskId);
+        if (!row) throw new NotFoundError('task', input.taskId);
+        if (row.version !== input.expectedVersion)
+          return stale(input.taskId, input.expectedVersion, row.version);
+
+        const prev = parseStoredTaskState(row);
+        const next = parse(`task ${input.taskId} after the patch`, TaskStateV2, {
+          ...prev,
+          ...patch,
+          gates: { ...prev.gates, ...patch.gates },
+          artifacts: { ...prev.artifacts, ...patch.artifacts },
+          budget: { ...prev.budget, ...patch.budget },
+          version: prev.version + 1,
+          updated_at: row.db_now.toISOString(),
+          updated_by: input.actor,
+        });
+        checkWriteOnce(prev, next);
+        assertChangeAllowed(prev, next, { reason: input.reason, requiredGates: o.requiredGates });
+
+        let swapped: boolean;
+        try {
+          swapped = await casUpdate(t, {
+            taskId: input.taskId,
+            expectedVersion: input.expectedVersion,
+            status: next.status,
+            schemaVersion: TASK_STATE_V2,
+            doc: next,
+          });
+        } catch (err) {
+          throw mapSqlError(err);
+        }
+        if (!swapped) {
+          const current = await readRow(o.db, input.taskId);
+          return stale(input.taskId, input.expectedVersion, current?.version);
+        }
+        // The audit patch is taken against the document as stored (a v1 row's patch shows the upgrade too).
+        await insertAudit(t, next, prev.version, input.actor, input.reason ?? null, diff(row.doc, next));
+        log.debug({ task_id: next.task_id, version: next.version, status: next.status }, 'task updated');
+        return { ok: true as const, state: next };
+      });
+    },
+
+    async history(taskId, opts = {}) {
+      const rows = await (opts.trx ?? o.db)
+        .selectFrom('task_audit')
+        .select(['task_id', 'version', 'prev_version', 'actor', 'reason', 'patch', 'at'])
+        .where('task_id', '=', taskId)
+        .orderBy('version')
+        .execute();
+      return rows as AuditRow[];
+    },
+  };
+}
+
+async function insertAudit(
+  t: Trx,
+  state: TaskState,
+  prevVersion: number | null,
+  actor: string,
+  reason: string | null,
+  patch: unknown[],
+): Promise<void> {
+  await t
+    .insertInto('task_audit')
+    .values({
+      task_id: state.task_id,
+      version: state.version,
+      prev_version: prevVersion,
+      tenant_id: state.tenant_id,
+      actor,
+      reason,
+      patch: JSON.stringify(patch),
+    })
+    .execute();
+}
+
+function stale(taskId: string, expectedVersion: number, currentVersion: number | undefined): UpdateResult {
+  return {
+    ok: false,
+    reason: 'stale_version',
+    expectedVersion,
+    currentVersion,
+    error: new StaleWriteError(taskId, expectedVersion, currentVersion),
+  };
+}
+
+function allGates(value: boolean): Record<GateName, boolean> {
+  return Object.fromEntries(GATES.map((g) => [g, value])) as Record<GateName, boolean>;
+}
+
+function checkActor(actor: string): void {
+  const r = SpiffeId.safeParse(actor);
+  if (!r.success) {
+    throw new ValidationError('actor', [
+      {
+        path: 'actor',
+        message: 'must be a SPIFFE ID of the form spiffe://<trust-domain>/<path>',
+        value: actor,
+      },
+    ]);
+  }
+}
+
+/** workflow_digest and intent_id identify what the task is for: set once, never rewritten. */
+function checkWriteOnce(prev: TaskState, next: TaskState): void {
+  for (const key of ['workflow_digest', 'intent_id'] as const) {
+    if (prev[key] !== null && prev[key] !== next[key]) {
+      throw new ValidationError(`change to task ${prev.task_id}`, [
+        {
+          path: key,
+          message: `is set once and never changes (is ${JSON.stringify(prev[key])})`,
+          value: next[key],
+        },
+      ]);
+    }
+  }
+}
+
+function parse<S extends z.ZodType>(what: string, schema: S, input: unknown): z.output<S> {
+  const r = schema.safeParse(input);
+  if (!r.success) throw new ValidationError(what, zodIssues(r.error, input));
+  return r.data;
+}
