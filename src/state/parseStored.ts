@@ -13,8 +13,22 @@ import { zodIssues } from '../schemas/zodIssues.js';
  * Reads a stored document by its schema_version: v2 as is, v1 through the explicit
  * upcaster. A document that matches neither is refused, never patched up.
  */
-export function parseStoredTaskState(row: { task_id: string; tenant_id: string; doc: unknown }): TaskState {
-  const doc = row.doc as { schema_version?: unknown } | null;
+export function parseStoredTaskState(row: {
+  task_id: string;
+  tenant_id: string;
+  version?: number;
+  doc: unknown;
+}): TaskState {
+  const doc = row.doc as { schema_version?: unknown; version?: unknown } | null;
+  if (row.version !== undefined && doc?.version !== row.version) {
+    throw new ValidationError(`stored task ${row.task_id}`, [
+      {
+        path: 'version',
+        message: `the document says ${String(doc?.version)} but the row says ${row.version}: the row was changed outside Cairn; restore it from the audit log`,
+        value: doc?.version,
+      },
+    ]);
+  }
   const version = doc?.schema_version;
   if (version === TASK_STATE_V2) {
     const r = TaskStateV2.safeParse(doc);

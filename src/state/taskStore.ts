@@ -1,4 +1,3 @@
-import { sql } from 'kysely';
 import { z } from 'zod';
 import type { Db } from '../db/database.js';
 import { type Executor, inTransaction, type Trx } from '../db/executor.js';
@@ -26,6 +25,10 @@ const StoreOptions = z.strictObject({
   db: z.custom<Db>((v) => typeof v === 'object' && v !== null, 'a kysely instance from createDb'),
   logger: z.custom<Logger>().optional(),
   requiredGates: z.array(z.enum(GATES)).default([...DEFAULT_REQUIRED_GATES]),
+  /** Source of `updated_at` in documents; the audit row's `at` always comes from the database. */
+  clock: z.custom<() => Date>((v) => typeof v === 'function').default(() => () => new Date()),
+  /** How many recently seen documents to keep to save a read before a CAS. */
+  cacheSize: z.number().int().nonnegative().default(10_000),
 });
 export type TaskStoreOptions = z.input<typeof StoreOptions>;
 
@@ -71,16 +74,17 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
   const o = parseOptions('task store options', StoreOptions, options);
   const log = (o.logger ?? silentLogger).child({ component: 'task-store' });
 
-  async function dbNow(ex: Executor): Promise<string> {
-    const { rows } = await sql<{ now: Date }>`SELECT now() AS now`.execute(ex);
-    return rows[0]!.now.toISOString();
+  const recent = new Map<string, TaskState>();
+  function remember(state: TaskState): void {
+    recent.delete(state.task_id);
+    recent.set(state.task_id, state);
+    if (recent.size > o.cacheSize) recent.delete(recent.keys().next().value as string);
   }
 
-  /** The row and the database's clock in one round trip (updated_at comes from the database). */
   async function readRow(ex: Executor, taskId: string) {
     return ex
       .selectFrom('task_state')
-      .select(['task_id', 'tenant_id', 'version', 'schema_version', 'doc', sql<Date>`now()`.as('db_now')])
+      .select(['task_id', 'tenant_id', 'version', 'schema_version', 'doc'])
       .where('task_id', '=', taskId)
       .executeTakeFirst();
   }
@@ -90,7 +94,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       checkActor(actor);
       const input = parse('new task', NewTask, task);
       return inTransaction(o.db, trx, async (t) => {
-        const now = await dbNow(t);
+        const now = o.clock().toISOString();
         const state = parse('task state', TaskStateV2, {
           schema_version: TASK_STATE_V2,
           tenant_id: input.tenant_id,
@@ -139,59 +143,72 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
         }
         await insertAudit(t, state, null, actor, reason ?? 'created', diff({}, state));
         log.debug({ task_id: state.task_id, version: 1 }, 'task created');
+        remember(state);
         return state;
       });
     },
 
     async get(taskId, opts = {}) {
       const row = await readRow(opts.trx ?? o.db, taskId);
-      return row ? parseStoredTaskState(row) : undefined;
+      if (!row) return undefined;
+      const state = parseStoredTaskState(row);
+      if (row.doc.schema_version === TASK_STATE_V2) remember(state);
+      return state;
     },
 
     async update(input) {
       checkActor(input.actor);
       const patch = parse(`patch for task ${input.taskId}`, TaskPatch, input.patch);
-      return inTransaction(o.db, input.trx, async (t) => {
-        const row = await readRow(t, input.taskId);
+      const ex = input.trx ?? o.db;
+      // The last document this store wrote or read for the task saves a round trip; the CAS
+      // checks its version and updated_at, so a stale copy can only cause a stale result.
+      let prev = recent.get(input.taskId);
+      let storedDoc: unknown = prev;
+      if (!prev || prev.version !== input.expectedVersion) {
+        const row = await readRow(ex, input.taskId);
         if (!row) throw new NotFoundError('task', input.taskId);
         if (row.version !== input.expectedVersion)
           return stale(input.taskId, input.expectedVersion, row.version);
-
-        const prev = parseStoredTaskState(row);
-        const next = parse(`task ${input.taskId} after the patch`, TaskStateV2, {
-          ...prev,
-          ...patch,
-          gates: { ...prev.gates, ...patch.gates },
-          artifacts: { ...prev.artifacts, ...patch.artifacts },
-          budget: { ...prev.budget, ...patch.budget },
-          version: prev.version + 1,
-          updated_at: row.db_now.toISOString(),
-          updated_by: input.actor,
-        });
-        checkWriteOnce(prev, next);
-        assertChangeAllowed(prev, next, { reason: input.reason, requiredGates: o.requiredGates });
-
-        let swapped: boolean;
-        try {
-          swapped = await casUpdate(t, {
-            taskId: input.taskId,
-            expectedVersion: input.expectedVersion,
-            status: next.status,
-            schemaVersion: TASK_STATE_V2,
-            doc: next,
-          });
-        } catch (err) {
-          throw mapSqlError(err);
-        }
-        if (!swapped) {
-          const current = await readRow(o.db, input.taskId);
-          return stale(input.taskId, input.expectedVersion, current?.version);
-        }
-        // The audit patch is taken against the document as stored (a v1 row's patch shows the upgrade too).
-        await insertAudit(t, next, prev.version, input.actor, input.reason ?? null, diff(row.doc, next));
-        log.debug({ task_id: next.task_id, version: next.version, status: next.status }, 'task updated');
-        return { ok: true as const, state: next };
+        prev = parseStoredTaskState(row);
+        storedDoc = row.doc;
+      }
+      const next = parse(`task ${input.taskId} after the patch`, TaskStateV2, {
+        ...prev,
+        ...patch,
+        gates: { ...prev.gates, ...patch.gates },
+        artifacts: { ...prev.artifacts, ...patch.artifacts },
+        budget: { ...prev.budget, ...patch.budget },
+        version: prev.version + 1,
+        updated_at: o.clock().toISOString(),
+        updated_by: input.actor,
       });
+      checkWriteOnce(prev, next);
+      assertChangeAllowed(prev, next, { reason: input.reason, requiredGates: o.requiredGates });
+
+      let swapped: boolean;
+      try {
+        swapped = await casUpdate(ex, {
+          taskId: input.taskId,
+          expectedVersion: input.expectedVersion,
+          expectedUpdatedAt: prev.updated_at,
+          status: next.status,
+          schemaVersion: TASK_STATE_V2,
+          doc: next,
+          // Against the document as stored: for a v1 row the patch shows the upgrade too.
+          audit: { actor: input.actor, reason: input.reason ?? null, patch: diff(storedDoc as object, next) },
+        });
+      } catch (err) {
+        recent.delete(input.taskId);
+        throw mapSqlError(err);
+      }
+      if (!swapped) {
+        recent.delete(input.taskId);
+        const current = await readRow(ex, input.taskId);
+        return stale(input.taskId, input.expectedVersion, current?.version);
+      }
+      if (!input.trx) remember(next); // a caller's transaction may still roll back
+      log.debug({ task_id: next.task_id, version: next.version, status: next.status }, 'task updated');
+      return { ok: true as const, state: next };
     },
 
     async history(taskId, opts = {}) {

@@ -1,0 +1,66 @@
+import { randomBytes } from 'node:crypto';
+import pg from 'pg';
+import { resolveStack, type Stack } from '../scripts/stack/resolve.js';
+import { createDb, type Db } from '../src/db/database.js';
+import { migrateToLatest } from '../src/db/migrate.js';
+
+export interface BenchEnv {
+  stack: Stack;
+  db: Db;
+  url: string;
+  close(): Promise<void>;
+}
+
+/** A fresh, migrated database of its own for one benchmark run (dropped at close). */
+export async function benchDatabase(label: string, max = 20): Promise<BenchEnv> {
+  const stack = await resolveStack((l) => console.error(`[cairn stack] ${l}`));
+  const name = `cairn_bench_${label}_${randomBytes(3).toString('hex')}`;
+  const admin = new pg.Client({ connectionString: stack.databaseUrl });
+  await admin.connect();
+  await admin.query(`CREATE DATABASE ${pg.escapeIdentifier(name)} TEMPLATE template0`);
+  await admin.end();
+  const u = new URL(stack.databaseUrl);
+  u.pathname = `/${name}`;
+  const url = u.toString();
+  const db = createDb({ connectionString: url, max });
+  await migrateToLatest(db);
+  return {
+    stack,
+    db,
+    url,
+    async close() {
+      await db.destroy();
+      const a = new pg.Client({ connectionString: stack.databaseUrl });
+      await a.connect();
+      await a.query(`DROP DATABASE IF EXISTS ${pg.escapeIdentifier(name)} WITH (FORCE)`);
+      await a.end();
+      await stack.stop();
+    },
+  };
+}
+
+/** Runs `op` from `workers` loops for `seconds`; returns operations per second. */
+export async function throughput(
+  workers: number,
+  seconds: number,
+  op: (worker: number) => Promise<void>,
+): Promise<number> {
+  const deadline = Date.now() + seconds * 1000;
+  let done = 0;
+  const started = process.hrtime.bigint();
+  await Promise.all(
+    Array.from({ length: workers }, async (_, w) => {
+      while (Date.now() < deadline) {
+        await op(w);
+        done++;
+      }
+    }),
+  );
+  const elapsed = Number(process.hrtime.bigint() - started) / 1e9;
+  return done / elapsed;
+}
+
+export function flag(args: string[], name: string, fallback: number): number {
+  const i = args.indexOf(`--${name}`);
+  return i >= 0 && args[i + 1] ? Number(args[i + 1]) : fallback;
+}
