@@ -1,5 +1,6 @@
 import type { Migration, MigrationProvider } from 'kysely';
 import * as m0001 from './0001_task_state.js';
+import * as m0002 from './0002_outbox.js';
 
 /**
  * Every migration, in order. Imported statically (not read from the folder) so the same
@@ -8,6 +9,7 @@ import * as m0001 from './0001_task_state.js';
  */
 export const migrations: Record<string, Migration> = {
   '0001_task_state': m0001,
+  '0002_outbox': m0002,
 };
 
 export const migrationProvider: MigrationProvider = {

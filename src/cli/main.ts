@@ -3,11 +3,14 @@
 import { parseArgs } from 'node:util';
 import { CairnError } from '../errors.js';
 import { migrateCommand } from './migrate.js';
+import { outboxCommand } from './outbox.js';
 import { stateCommand } from './state.js';
 
 const commands: Record<string, (argv: string[]) => Promise<number>> = {
   migrate: migrateCommand,
   state: stateCommand,
+  outbox: outboxCommand,
+  relay: async () => (await import('../../relay/main.js')).runRelayProcess(),
 };
 
 const usage = `usage: cairn <command> [options]
@@ -15,6 +18,10 @@ const usage = `usage: cairn <command> [options]
 commands:
   migrate            run pending migrations (prints what ran)
   migrate --status   list migrations and whether they ran
+  relay              publish the outbox to Kafka until SIGTERM (see relay/main.ts for settings)
+  outbox parked      keys held back by a message the broker refused
+  outbox release <key> --topic T --reason R    let a parked key flow again
+  outbox skip <message_id> --reason R          drop one message (audited)
   state upgrade      rewrite tasks stored under an older schema as oaies.task-state.v2 (through CAS)
 
 environment:

@@ -23,7 +23,59 @@ export interface TaskAuditTable {
   at: Generated<Date>;
 }
 
+export interface OutboxTable {
+  id: Generated<number>;
+  lane: number;
+  message_id: string;
+  tenant_id: string | null;
+  topic: string;
+  key: string;
+  headers: JSONColumnType<Record<string, string>>;
+  payload: Buffer;
+  created_at: Generated<Date>;
+  attempts: Generated<number>;
+  last_error: string | null;
+}
+
+export interface RelayLaneTable {
+  lane: number;
+  owner: string | null;
+  fencing_token: Generated<number>;
+  expires_at: Generated<Date>;
+}
+
+export interface RelayInstanceTable {
+  instance_id: string;
+  started_at: Generated<Date>;
+  last_seen: Generated<Date>;
+}
+
+export interface OutboxParkedKeyTable {
+  topic: string;
+  key: string;
+  message_id: string;
+  error: string;
+  parked_at: Generated<Date>;
+}
+
+export interface OutboxOperatorAuditTable {
+  id: Generated<number>;
+  action: 'release' | 'skip';
+  topic: string | null;
+  key: string | null;
+  message_id: string | null;
+  actor: string;
+  reason: string;
+  detail: JSONColumnType<Record<string, unknown>>;
+  at: Generated<Date>;
+}
+
 export interface Database {
   task_state: TaskStateTable;
   task_audit: TaskAuditTable;
+  outbox: OutboxTable;
+  relay_lane: RelayLaneTable;
+  relay_instance: RelayInstanceTable;
+  outbox_parked_key: OutboxParkedKeyTable;
+  outbox_operator_audit: OutboxOperatorAuditTable;
 }

@@ -5,6 +5,8 @@ import { mapSqlError, SqlState, sqlState } from '../db/sqlstate.js';
 import { CairnError, NotFoundError, StaleWriteError, ValidationError } from '../errors.js';
 import { type Logger, silentLogger } from '../logger.js';
 import { parseOptions } from '../options.js';
+import type { OutboxMessageInput } from '../outbox/message.js';
+import { createOutbox, type Outbox } from '../outbox/outbox.js';
 import { NewTask, TaskPatch } from '../schemas/taskPatch.js';
 import {
   GATES,
@@ -29,6 +31,8 @@ const StoreOptions = z.strictObject({
   clock: z.custom<() => Date>((v) => typeof v === 'function').default(() => () => new Date()),
   /** How many recently seen documents to keep to save a read before a CAS. */
   cacheSize: z.number().int().nonnegative().default(10_000),
+  /** Where messages passed to update() go; a default outbox (no payload schemas) if omitted. */
+  outbox: z.custom<Outbox>().optional(),
 });
 export type TaskStoreOptions = z.input<typeof StoreOptions>;
 
@@ -39,12 +43,14 @@ export interface UpdateInput {
   /** SPIFFE ID of the agent or person making the change; becomes `updated_by`. */
   actor: string;
   reason?: string;
-  /** Join the caller's transaction (for example one that also enqueues outbox messages). */
+  /** Messages the change causes: enqueued in the same transaction, keyed by the task id by default. */
+  messages?: readonly OutboxMessageInput[];
+  /** Join the caller's transaction. */
   trx?: Trx;
 }
 
 export type UpdateResult =
-  | { ok: true; state: TaskState }
+  | { ok: true; state: TaskState; messageIds: string[] }
   | {
       ok: false;
       reason: 'stale_version';
@@ -73,6 +79,7 @@ export interface TaskStore {
 export function createTaskStore(options: TaskStoreOptions): TaskStore {
   const o = parseOptions('task store options', StoreOptions, options);
   const log = (o.logger ?? silentLogger).child({ component: 'task-store' });
+  const outbox = o.outbox ?? createOutbox();
 
   const recent = new Map<string, TaskState>();
   function remember(state: TaskState): void {
@@ -185,9 +192,8 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       checkWriteOnce(prev, next);
       assertChangeAllowed(prev, next, { reason: input.reason, requiredGates: o.requiredGates });
 
-      let swapped: boolean;
-      try {
-        swapped = await casUpdate(ex, {
+      const cas = (on: Executor) =>
+        casUpdate(on, {
           taskId: input.taskId,
           expectedVersion: input.expectedVersion,
           expectedUpdatedAt: prev.updated_at,
@@ -197,6 +203,28 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
           // Against the document as stored: for a v1 row the patch shows the upgrade too.
           audit: { actor: input.actor, reason: input.reason ?? null, patch: diff(storedDoc as object, next) },
         });
+      let swapped: boolean;
+      let messageIds: string[] = [];
+      try {
+        if (input.messages?.length) {
+          // Validate the messages before touching the database, then CAS and enqueue in one transaction.
+          outbox.validate(input.messages, {
+            defaultKey: next.task_id,
+            taskVersion: next.version,
+            tenantId: next.tenant_id,
+          });
+          swapped = await inTransaction(o.db, input.trx, async (t) => {
+            if (!(await cas(t))) return false;
+            messageIds = await outbox.enqueue(t, input.messages!, {
+              defaultKey: next.task_id,
+              taskVersion: next.version,
+              tenantId: next.tenant_id,
+            });
+            return true;
+          });
+        } else {
+          swapped = await cas(ex);
+        }
       } catch (err) {
         recent.delete(input.taskId);
         throw mapSqlError(err);
@@ -208,7 +236,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       }
       if (!input.trx) remember(next); // a caller's transaction may still roll back
       log.debug({ task_id: next.task_id, version: next.version, status: next.status }, 'task updated');
-      return { ok: true as const, state: next };
+      return { ok: true as const, state: next, messageIds };
     },
 
     async history(taskId, opts = {}) {

@@ -1,0 +1,47 @@
+/**
+ * The relay as a process (`cairn relay`, or `tsx relay/main.ts`). Configuration from the
+ * environment: DATABASE_URL, KAFKA_BROKERS, CAIRN_RELAY_INSTANCE, CAIRN_RELAY_BATCH,
+ * CAIRN_RELAY_LEASE_TTL_MS, CAIRN_RELAY_MAX_IDLE_MS. SIGTERM/SIGINT finish the batch in
+ * flight, release the lanes and exit 0.
+ */
+import { createDb } from '../src/db/database.js';
+import { databaseUrlFromEnv, kafkaBrokersFromEnv } from '../src/env.js';
+import { createKafkaPublisher } from '../src/kafka/publisher.js';
+import { createLogger } from '../src/logger.js';
+import { createRelay } from './relay.js';
+
+export async function runRelayProcess(): Promise<number> {
+  const logger = createLogger({ name: 'cairn-relay' });
+  const db = createDb({ connectionString: databaseUrlFromEnv(), max: 4, applicationName: 'cairn-relay' });
+  const num = (name: string) => (process.env[name] ? Number(process.env[name]) : undefined);
+  const relay = createRelay({
+    db,
+    publisher: createKafkaPublisher({ brokers: kafkaBrokersFromEnv() }),
+    logger,
+    ...(process.env.CAIRN_RELAY_INSTANCE ? { instanceId: process.env.CAIRN_RELAY_INSTANCE } : {}),
+    ...(num('CAIRN_RELAY_BATCH') ? { batchSize: num('CAIRN_RELAY_BATCH')! } : {}),
+    ...(num('CAIRN_RELAY_LEASE_TTL_MS') ? { leaseTtlMs: num('CAIRN_RELAY_LEASE_TTL_MS')! } : {}),
+    ...(num('CAIRN_RELAY_MAX_IDLE_MS') ? { maxIdleMs: num('CAIRN_RELAY_MAX_IDLE_MS')! } : {}),
+  });
+  const stop = () => {
+    logger.info('stopping: finishing the batch in flight');
+    void relay.stop();
+  };
+  process.once('SIGTERM', stop);
+  process.once('SIGINT', stop);
+  logger.info({ instance: relay.instanceId }, 'relay started');
+  await relay.run();
+  await db.destroy();
+  logger.info(relay.stats(), 'relay stopped');
+  return 0;
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  runRelayProcess().then(
+    (code) => process.exit(code),
+    (err: unknown) => {
+      process.stderr.write(`cairn relay: ${(err as Error).message}\n`);
+      process.exit(1);
+    },
+  );
+}

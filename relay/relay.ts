@@ -1,0 +1,246 @@
+import { randomUUID } from 'node:crypto';
+import pRetry, { AbortError } from 'p-retry';
+import type { Db } from '../src/db/database.js';
+import { isPoisonError } from '../src/kafka/classifyError.js';
+import type { Publisher, PublishMessage } from '../src/kafka/publisher.js';
+import { type Logger, silentLogger } from '../src/logger.js';
+import { LANE_COUNT } from '../src/outbox/lanes.js';
+import { type ClaimedRow, claimBatch } from './sql/claimBatch.js';
+import { deleteFenced } from './sql/deleteFenced.js';
+import {
+  acquireLanes,
+  forgetInstance,
+  heartbeat,
+  releaseLanes,
+  renewLanes,
+  seedLanes,
+} from './sql/laneLeases.js';
+import { parkKey } from './sql/parkKey.js';
+
+export interface RelayOptions {
+  db: Db;
+  publisher: Publisher;
+  logger?: Logger;
+  instanceId?: string;
+  batchSize?: number;
+  /** Lane lease time to live; a dead relay's lanes are taken over after this. */
+  leaseTtlMs?: number;
+  /** Longest sleep when the outbox is empty (adaptive polling backs off up to this). */
+  maxIdleMs?: number;
+  /** Attempts for a retriable publish error (broker down, no leader) before the batch is retried from scratch. */
+  publishRetries?: number;
+}
+
+export interface RelayStats {
+  published: number;
+  batches: number;
+  retries: number;
+  parked: number;
+  lanesOwned: number;
+  lostLaneDeletes: number;
+}
+
+export interface Relay {
+  readonly instanceId: string;
+  /** Runs until stop(); resolves when the loop has finished its batch in flight and released its lanes. */
+  run(): Promise<void>;
+  stop(): Promise<void>;
+  stats(): RelayStats;
+}
+
+class PublishFailed extends Error {
+  constructor(cause: unknown) {
+    super(`publish failed: ${(cause as Error)?.message ?? String(cause)}`, { cause });
+  }
+}
+
+export function createRelay(options: RelayOptions): Relay {
+  const instanceId = options.instanceId ?? `relay-${randomUUID()}`;
+  const log = (options.logger ?? silentLogger).child({ component: 'relay', instance: instanceId });
+  const db = options.db;
+  const batchSize = options.batchSize ?? 500;
+  const ttlMs = options.leaseTtlMs ?? 10_000;
+  const maxIdleMs = options.maxIdleMs ?? 200;
+  const renewEveryMs = Math.max(100, Math.floor(ttlMs / 3));
+  const stats: RelayStats = {
+    published: 0,
+    batches: 0,
+    retries: 0,
+    parked: 0,
+    lanesOwned: 0,
+    lostLaneDeletes: 0,
+  };
+
+  let owned = new Map<number, number>(); // lane -> fencing token
+  let stopping = false;
+  let running: Promise<void> | undefined;
+  let wake: (() => void) | undefined;
+
+  async function rebalance(): Promise<void> {
+    const live = await heartbeat(db, instanceId, ttlMs);
+    owned = await renewLanes(db, instanceId, ttlMs);
+    const share = Math.ceil(LANE_COUNT / live);
+    if (owned.size > share) {
+      const surplus = [...owned.keys()].slice(share);
+      await releaseLanes(db, instanceId, surplus);
+      for (const l of surplus) owned.delete(l);
+      log.info({ released: surplus, live }, 'released lanes to rebalance');
+    } else if (owned.size < share) {
+      const got = await acquireLanes(db, instanceId, share - owned.size, ttlMs);
+      for (const [l, t] of got) owned.set(l, t);
+      if (got.size > 0) log.info({ lanes: [...got.keys()], live }, 'acquired lanes');
+    }
+    stats.lanesOwned = owned.size;
+  }
+
+  function toMessage(r: ClaimedRow): PublishMessage {
+    return { topic: r.topic, key: r.key, value: r.payload, headers: r.headers };
+  }
+
+  /** Publishes with retries for retriable errors; a non-retriable one is thrown as is. */
+  async function publishWithRetry(rows: readonly ClaimedRow[]): Promise<void> {
+    await pRetry(
+      async () => {
+        try {
+          await options.publisher.publish(rows.map(toMessage));
+        } catch (err) {
+          if (isPoisonError(err)) throw new AbortError(err as Error);
+          throw err;
+        }
+      },
+      {
+        retries: options.publishRetries ?? 8,
+        minTimeout: 100,
+        maxTimeout: 2000,
+        onFailedAttempt: ({ error, attemptNumber }) => {
+          stats.retries++;
+          log.warn(
+            { err: error.message, attempt: attemptNumber, size: rows.length },
+            'publish failed; retrying',
+          );
+        },
+      },
+    );
+  }
+
+  /**
+   * A batch failed for a non-retriable reason: publish message by message in id order to
+   * find the culprit, park its key (its later messages wait), let every other key go on.
+   */
+  async function isolatePoison(rows: readonly ClaimedRow[]): Promise<number[]> {
+    const sent: number[] = [];
+    const parkedKeys = new Set<string>();
+    for (const r of rows) {
+      const k = `${r.topic}\u0000${r.key}`;
+      if (parkedKeys.has(k)) continue;
+      try {
+        await publishWithRetry([r]);
+        sent.push(r.id);
+      } catch (err) {
+        parkedKeys.add(k);
+        stats.parked++;
+        const message = (err as Error).message ?? String(err);
+        await parkKey(db, { topic: r.topic, key: r.key, messageId: r.message_id, id: r.id, error: message });
+        log.error(
+          { message_id: r.message_id, lane: r.lane, key: r.key, err: message },
+          'message refused by the broker; key parked',
+        );
+      }
+    }
+    return sent;
+  }
+
+  async function processBatch(): Promise<number> {
+    const rows = await claimBatch(db, [...owned.keys()], batchSize);
+    if (rows.length === 0) return 0;
+    let sentIds: number[];
+    try {
+      await publishWithRetry(rows);
+      sentIds = rows.map((r) => r.id);
+    } catch (err) {
+      if (!isPoisonError(err)) throw new PublishFailed(err);
+      sentIds = await isolatePoison(rows);
+    }
+    const deleted = await deleteFenced(db, { instanceId, ids: sentIds, fences: owned });
+    stats.published += sentIds.length;
+    stats.batches++;
+    if (deleted.length < sentIds.length) {
+      // We lost a lane between claim and delete: the new owner republishes those rows (same message_id).
+      stats.lostLaneDeletes += sentIds.length - deleted.length;
+      log.warn(
+        { published: sentIds.length, deleted: deleted.length },
+        'lost a lane during a batch; rebalancing',
+      );
+      owned = await renewLanes(db, instanceId, ttlMs);
+    }
+    for (const r of rows) {
+      if (log.isLevelEnabled('trace')) log.trace({ message_id: r.message_id, lane: r.lane }, 'published');
+    }
+    return rows.length;
+  }
+
+  function sleep(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const t = setTimeout(resolve, ms);
+      wake = () => {
+        clearTimeout(t);
+        resolve();
+      };
+    });
+  }
+
+  async function loop(): Promise<void> {
+    await seedLanes(db);
+    await options.publisher.connect();
+    let lastRebalance = 0;
+    let idle = 1;
+    try {
+      while (!stopping) {
+        try {
+          if (Date.now() - lastRebalance >= renewEveryMs) {
+            await rebalance();
+            lastRebalance = Date.now();
+          }
+          const n = owned.size > 0 ? await processBatch() : 0;
+          if (n >= batchSize) {
+            idle = 1;
+            continue;
+          }
+          idle = n > 0 ? 1 : Math.min(maxIdleMs, idle * 2);
+          await sleep(n > 0 ? 0 : idle);
+        } catch (err) {
+          log.error({ err: (err as Error).message }, 'relay iteration failed; retrying');
+          await sleep(Math.min(1000, maxIdleMs * 2));
+          if (err instanceof PublishFailed) {
+            // A kafkajs producer can stay stuck after a broker restart (kafkajs issues 1167,
+            // 1513): start a fresh one (a new producer id) before the batch is tried again.
+            await options.publisher.disconnect().catch(() => {});
+            await options.publisher
+              .connect()
+              .catch((e: Error) => log.warn({ err: e.message }, 'reconnect failed'));
+          }
+        }
+      }
+    } finally {
+      await releaseLanes(db, instanceId, [...owned.keys()]).catch(() => {});
+      await forgetInstance(db, instanceId, ttlMs).catch(() => {});
+      await options.publisher.disconnect().catch(() => {});
+      owned = new Map();
+      stats.lanesOwned = 0;
+    }
+  }
+
+  return {
+    instanceId,
+    run() {
+      running ??= loop();
+      return running;
+    },
+    async stop() {
+      stopping = true;
+      wake?.();
+      await running;
+    },
+    stats: () => ({ ...stats }),
+  };
+}

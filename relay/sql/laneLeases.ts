@@ -1,0 +1,76 @@
+import { sql } from 'kysely';
+import type { Executor } from '../../src/db/executor.js';
+import { LANE_COUNT } from '../../src/outbox/lanes.js';
+
+export async function seedLanes(db: Executor): Promise<void> {
+  await sql`INSERT INTO relay_lane (lane) SELECT g FROM generate_series(0, ${LANE_COUNT - 1}::int) g
+            ON CONFLICT (lane) DO NOTHING`.execute(db);
+}
+
+/** Records that this instance is alive and returns how many instances are (database clock). */
+export async function heartbeat(db: Executor, instanceId: string, ttlMs: number): Promise<number> {
+  await sql`INSERT INTO relay_instance (instance_id) VALUES (${instanceId})
+            ON CONFLICT (instance_id) DO UPDATE SET last_seen = now()`.execute(db);
+  const { rows } = await sql<{ live: number }>`
+    SELECT count(*)::int AS live FROM relay_instance
+     WHERE last_seen > now() - make_interval(secs => ${ttlMs / 1000})
+  `.execute(db);
+  return Math.max(1, rows[0]!.live);
+}
+
+/** Extends the leases this instance still holds; returns them with their fencing tokens. */
+export async function renewLanes(
+  db: Executor,
+  instanceId: string,
+  ttlMs: number,
+): Promise<Map<number, number>> {
+  const { rows } = await sql<{ lane: number; fencing_token: number }>`
+    UPDATE relay_lane SET expires_at = now() + make_interval(secs => ${ttlMs / 1000})
+     WHERE owner = ${instanceId} AND expires_at > now()
+    RETURNING lane, fencing_token
+  `.execute(db);
+  return new Map(rows.map((r) => [r.lane, r.fencing_token]));
+}
+
+/**
+ * Takes up to `count` lanes that nobody holds or whose lease expired (database clock), raising
+ * each one's fencing token. SKIP LOCKED lets instances acquire at the same time without waiting.
+ */
+export async function acquireLanes(
+  db: Executor,
+  instanceId: string,
+  count: number,
+  ttlMs: number,
+): Promise<Map<number, number>> {
+  if (count <= 0) return new Map();
+  const { rows } = await sql<{ lane: number; fencing_token: number }>`
+    UPDATE relay_lane l
+       SET owner = ${instanceId}, fencing_token = l.fencing_token + 1,
+           expires_at = now() + make_interval(secs => ${ttlMs / 1000})
+     WHERE l.lane IN (
+       SELECT lane FROM relay_lane
+        WHERE owner IS NULL OR expires_at <= now()
+        ORDER BY lane
+        LIMIT ${count}
+        FOR UPDATE SKIP LOCKED)
+    RETURNING l.lane, l.fencing_token
+  `.execute(db);
+  return new Map(rows.map((r) => [r.lane, r.fencing_token]));
+}
+
+export async function releaseLanes(
+  db: Executor,
+  instanceId: string,
+  lanes: readonly number[],
+): Promise<void> {
+  if (lanes.length === 0) return;
+  await sql`UPDATE relay_lane SET owner = NULL, expires_at = '-infinity'
+             WHERE owner = ${instanceId} AND lane = ANY(${lanes}::int[])`.execute(db);
+}
+
+export async function forgetInstance(db: Executor, instanceId: string, ttlMs: number): Promise<void> {
+  await sql`DELETE FROM relay_instance
+             WHERE instance_id = ${instanceId} OR last_seen < now() - make_interval(secs => ${(ttlMs * 10) / 1000})`.execute(
+    db,
+  );
+}

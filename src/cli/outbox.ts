@@ -1,0 +1,56 @@
+import { parseArgs } from 'node:util';
+import { assertReachable, createDb } from '../db/database.js';
+import { databaseUrlFromEnv } from '../env.js';
+import { listParked, releaseKey, skipMessage } from '../outbox/operator.js';
+
+const usage = `usage:
+  cairn outbox parked
+  cairn outbox release <key> --topic <topic> --reason "..." [--actor spiffe://...]
+  cairn outbox skip <message_id> --reason "..." [--actor spiffe://...]`;
+
+export async function outboxCommand(argv: string[]): Promise<number> {
+  const { positionals, values } = parseArgs({
+    args: argv,
+    allowPositionals: true,
+    options: {
+      topic: { type: 'string' },
+      reason: { type: 'string' },
+      actor: { type: 'string', default: `spiffe://cairn.local/operator/${process.env.USER ?? 'unknown'}` },
+    },
+  });
+  const [sub, arg] = positionals;
+  const url = databaseUrlFromEnv();
+  const db = createDb({ connectionString: url, max: 2 });
+  try {
+    await assertReachable(db, url);
+    if (sub === 'parked') {
+      const rows = await listParked(db);
+      if (rows.length === 0) console.log('no parked keys');
+      for (const r of rows) {
+        console.log(
+          `${r.topic}\t${r.key}\thead ${r.message_id}\t${r.waiting} waiting\tsince ${r.parked_at.toISOString()}\t${r.error}`,
+        );
+      }
+      return 0;
+    }
+    if (sub === 'release' && arg && values.topic) {
+      await releaseKey(db, {
+        topic: values.topic,
+        key: arg,
+        actor: values.actor!,
+        reason: values.reason ?? '',
+      });
+      console.log(`released ${values.topic}/${arg}`);
+      return 0;
+    }
+    if (sub === 'skip' && arg) {
+      await skipMessage(db, { messageId: arg, actor: values.actor!, reason: values.reason ?? '' });
+      console.log(`skipped ${arg}`);
+      return 0;
+    }
+    console.error(usage);
+    return 2;
+  } finally {
+    await db.destroy();
+  }
+}

@@ -1,0 +1,27 @@
+/**
+ * Broker answers that mean "this message will never be accepted as it is": retrying is
+ * pointless, so the relay parks the message's key. Everything else (broker down, no leader,
+ * timeouts, kafkajs giving up after its own retries) is transient and retried.
+ */
+const POISON_TYPES = new Set([
+  'MESSAGE_TOO_LARGE',
+  'RECORD_LIST_TOO_LARGE',
+  'INVALID_RECORD',
+  'CORRUPT_MESSAGE',
+  'INVALID_TOPIC_EXCEPTION',
+  'TOPIC_AUTHORIZATION_FAILED',
+  'POLICY_VIOLATION',
+  'INVALID_REQUIRED_ACKS',
+]);
+
+export function isPoisonError(err: unknown): boolean {
+  const seen = new Set<unknown>();
+  let e: unknown = err;
+  while (e && typeof e === 'object' && !seen.has(e)) {
+    seen.add(e);
+    const type = (e as { type?: unknown }).type;
+    if (typeof type === 'string' && POISON_TYPES.has(type)) return true;
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}

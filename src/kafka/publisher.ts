@@ -1,0 +1,77 @@
+import { CompressionTypes, Kafka, type KafkaConfig, logLevel, Partitioners, type Producer } from 'kafkajs';
+
+export interface PublishMessage {
+  topic: string;
+  key: string;
+  value: Buffer;
+  headers: Record<string, string>;
+}
+
+/**
+ * What the relay needs from a Kafka client. kafkajs is in maintenance mode; keeping the
+ * relay behind this interface lets another client replace it without touching the relay.
+ */
+export interface Publisher {
+  connect(): Promise<void>;
+  /** Resolves once the broker acknowledged every message (acks=all), in order per partition. */
+  publish(messages: readonly PublishMessage[]): Promise<void>;
+  disconnect(): Promise<void>;
+}
+
+export function kafkaClient(brokers: string[], clientId: string, extra: Partial<KafkaConfig> = {}): Kafka {
+  return new Kafka({
+    clientId,
+    brokers,
+    logLevel: logLevel.NOTHING,
+    connectionTimeout: 3000,
+    requestTimeout: 15000,
+    retry: { retries: 2, initialRetryTime: 100, maxRetryTime: 1000 },
+    ...extra,
+  });
+}
+
+/**
+ * Idempotent producer, acks=all, one request in flight: with kafkajs this is what keeps a
+ * partition's order through retries.
+ */
+export function createKafkaPublisher(opts: {
+  brokers: string[];
+  clientId?: string;
+  compression?: boolean;
+}): Publisher {
+  const kafka = kafkaClient(opts.brokers, opts.clientId ?? 'cairn-relay');
+  let producer: Producer | undefined;
+  return {
+    async connect() {
+      producer = kafka.producer({
+        idempotent: true,
+        maxInFlightRequests: 1,
+        allowAutoTopicCreation: true,
+        createPartitioner: Partitioners.DefaultPartitioner,
+        retry: { retries: 3, initialRetryTime: 100, maxRetryTime: 2000 },
+      });
+      await producer.connect();
+    },
+    async publish(messages) {
+      if (!producer) throw new Error('publisher is not connected');
+      const byTopic = new Map<string, PublishMessage[]>();
+      for (const m of messages) {
+        const list = byTopic.get(m.topic) ?? [];
+        list.push(m);
+        byTopic.set(m.topic, list);
+      }
+      await producer.sendBatch({
+        acks: -1,
+        ...(opts.compression ? { compression: CompressionTypes.GZIP } : {}),
+        topicMessages: [...byTopic].map(([topic, list]) => ({
+          topic,
+          messages: list.map((m) => ({ key: m.key, value: m.value, headers: m.headers })),
+        })),
+      });
+    },
+    async disconnect() {
+      await producer?.disconnect();
+      producer = undefined;
+    },
+  };
+}

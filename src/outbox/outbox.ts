@@ -1,0 +1,65 @@
+import type { z } from 'zod';
+import type { Executor } from '../db/executor.js';
+import { laneOf } from './lanes.js';
+import {
+  DEFAULT_MAX_PAYLOAD_BYTES,
+  type OutboxMessageInput,
+  type OutboxRow,
+  prepareMessage,
+} from './message.js';
+
+export interface Outbox {
+  /** Checks messages without writing: throws ValidationError naming the message and field. */
+  validate(messages: readonly OutboxMessageInput[], ctx?: EnqueueContext): void;
+  /**
+   * Inserts messages inside the caller's transaction: they exist (and will be published)
+   * if and only if that transaction commits. Returns the message ids, in order.
+   */
+  enqueue(trx: Executor, messages: readonly OutboxMessageInput[], ctx?: EnqueueContext): Promise<string[]>;
+}
+
+export interface EnqueueContext {
+  defaultKey?: string;
+  taskVersion?: number;
+  tenantId?: string;
+}
+
+export interface OutboxOptions {
+  /** zod schema per topic; a JSON payload for that topic must match it. */
+  schemas?: Record<string, z.ZodType>;
+  maxPayloadBytes?: number;
+}
+
+export function createOutbox(options: OutboxOptions = {}): Outbox {
+  const schemas = new Map(Object.entries(options.schemas ?? {}));
+  const maxPayloadBytes = options.maxPayloadBytes ?? DEFAULT_MAX_PAYLOAD_BYTES;
+  return {
+    validate(messages, ctx = {}) {
+      messages.forEach((m, i) => {
+        prepareMessage(m, i, { ...ctx, schemas, maxPayloadBytes });
+      });
+    },
+    async enqueue(trx, messages, ctx = {}) {
+      if (messages.length === 0) return [];
+      // Validate everything before writing anything: a bad message refuses the whole call.
+      const rows: OutboxRow[] = messages.map((m, i) =>
+        prepareMessage(m, i, { ...ctx, schemas, maxPayloadBytes }),
+      );
+      await trx
+        .insertInto('outbox')
+        .values(
+          rows.map((r) => ({
+            lane: laneOf(r.key),
+            message_id: r.message_id,
+            tenant_id: r.tenant_id,
+            topic: r.topic,
+            key: r.key,
+            headers: JSON.stringify(r.headers),
+            payload: r.payload,
+          })),
+        )
+        .execute();
+      return rows.map((r) => r.message_id);
+    },
+  };
+}
