@@ -10,6 +10,12 @@ import { createKafkaPublisher } from '../src/kafka/publisher.js';
 import { createLogger } from '../src/logger.js';
 import { createRelay } from './relay.js';
 
+function killAfter(batch: number) {
+  return (n: number) => {
+    if (n >= batch) process.kill(process.pid, 'SIGKILL');
+  };
+}
+
 export async function runRelayProcess(): Promise<number> {
   const logger = createLogger({ name: 'cairn-relay' });
   const db = createDb({ connectionString: databaseUrlFromEnv(), max: 4, applicationName: 'cairn-relay' });
@@ -22,6 +28,10 @@ export async function runRelayProcess(): Promise<number> {
     ...(num('CAIRN_RELAY_BATCH') ? { batchSize: num('CAIRN_RELAY_BATCH')! } : {}),
     ...(num('CAIRN_RELAY_LEASE_TTL_MS') ? { leaseTtlMs: num('CAIRN_RELAY_LEASE_TTL_MS')! } : {}),
     ...(num('CAIRN_RELAY_MAX_IDLE_MS') ? { maxIdleMs: num('CAIRN_RELAY_MAX_IDLE_MS')! } : {}),
+    // Crash tests: die by SIGKILL after the broker acked batch N and before its rows are deleted.
+    ...(num('CAIRN_FAULT_KILL_AFTER_PUBLISH')
+      ? { hooks: { afterPublish: killAfter(num('CAIRN_FAULT_KILL_AFTER_PUBLISH')!) } }
+      : {}),
   });
   const stop = () => {
     logger.info('stopping: finishing the batch in flight');

@@ -27,6 +27,8 @@ export interface RelayOptions {
   leaseTtlMs?: number;
   /** Longest sleep when the outbox is empty (adaptive polling backs off up to this). */
   maxIdleMs?: number;
+  /** Test hooks at named points; a crash test SIGKILLs the process from here. */
+  hooks?: { afterPublish?(batchNumber: number): void };
   /** Attempts for a retriable publish error (broker down, no leader) before the batch is retried from scratch. */
   publishRetries?: number;
 }
@@ -161,6 +163,7 @@ export function createRelay(options: RelayOptions): Relay {
       if (!isPoisonError(err)) throw new PublishFailed(err);
       sentIds = await isolatePoison(rows);
     }
+    options.hooks?.afterPublish?.(stats.batches + 1);
     const deleted = await deleteFenced(db, { instanceId, ids: sentIds, fences: owned });
     stats.published += sentIds.length;
     stats.batches++;

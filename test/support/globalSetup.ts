@@ -5,6 +5,8 @@ declare module 'vitest' {
   export interface ProvidedContext {
     databaseUrl: string;
     kafkaBrokers: string;
+    /** True when the broker is the local one this run may stop and restart. */
+    kafkaLocal: boolean;
   }
 }
 
@@ -16,6 +18,7 @@ export async function setup(project: TestProject): Promise<void> {
   console.log(`[cairn stack] postgres from ${stack.source.postgres}, kafka from ${stack.source.kafka}`);
   project.provide('databaseUrl', stack.databaseUrl);
   project.provide('kafkaBrokers', stack.kafkaBrokers);
+  project.provide('kafkaLocal', stack.source.kafka.startsWith('local'));
 }
 
 export async function teardown(): Promise<void> {
