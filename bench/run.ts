@@ -1,8 +1,10 @@
 /** `npm run bench -- <name> [--quick] [flags]`: runs one benchmark, prints figures and a final JSON line. */
 import { benchCas } from './cas.js';
+import { benchRelay } from './relay.js';
 
 const benches: Record<string, (args: string[]) => Promise<Record<string, unknown>>> = {
   cas: benchCas,
+  relay: benchRelay,
 };
 
 const [name, ...args] = process.argv.slice(2);

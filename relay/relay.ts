@@ -5,7 +5,7 @@ import { isPoisonError } from '../src/kafka/classifyError.js';
 import type { Publisher, PublishMessage } from '../src/kafka/publisher.js';
 import { type Logger, silentLogger } from '../src/logger.js';
 import { LANE_COUNT } from '../src/outbox/lanes.js';
-import { type ClaimedRow, claimBatch } from './sql/claimBatch.js';
+import { type ClaimedRow, claimBatch, parkedAmong } from './sql/claimBatch.js';
 import { deleteFenced } from './sql/deleteFenced.js';
 import {
   acquireLanes,
@@ -28,7 +28,7 @@ export interface RelayOptions {
   /** Longest sleep when the outbox is empty (adaptive polling backs off up to this). */
   maxIdleMs?: number;
   /** Test hooks at named points; a crash test SIGKILLs the process from here. */
-  hooks?: { afterPublish?(batchNumber: number): void };
+  hooks?: { afterPublish?(batchNumber: number, messageIds: readonly string[]): void };
   /** Attempts for a retriable publish error (broker down, no leader) before the batch is retried from scratch. */
   publishRetries?: number;
 }
@@ -152,32 +152,80 @@ export function createRelay(options: RelayOptions): Relay {
     return sent;
   }
 
+  // Pipelining: while batch N is published, batch N+1 is claimed (excluding N's rows), and
+  // N's delete runs while N+1 is claimed and published. Measured on the 2-core dev machine
+  // (bench/relay.ts, 1,000-message batches): the sequential claim/publish/delete loop drained
+  // 18.5k msgs/s; see the README for the pipelined figure.
+  let prefetch: Promise<ClaimedRow[]> | undefined;
+  let deleting: Promise<void> | undefined;
+  let deletingIds: number[] = [];
+
+  async function finishDelete(): Promise<void> {
+    const d = deleting;
+    deleting = undefined;
+    if (d) await d;
+    deletingIds = [];
+  }
+
+  function startDelete(sentIds: number[], fences: Map<number, number>): void {
+    deletingIds = sentIds;
+    deleting = deleteFenced(db, { instanceId, ids: sentIds, fences }).then(async (deleted) => {
+      if (deleted.length < sentIds.length) {
+        // We lost a lane between claim and delete: the new owner republishes those rows (same message_id).
+        stats.lostLaneDeletes += sentIds.length - deleted.length;
+        log.warn(
+          { published: sentIds.length, deleted: deleted.length },
+          'lost a lane during a batch; rebalancing',
+        );
+        owned = await renewLanes(db, instanceId, ttlMs);
+      }
+    });
+  }
+
+  async function nextRows(): Promise<ClaimedRow[]> {
+    const p = prefetch;
+    prefetch = undefined;
+    if (p) {
+      const rows = await p;
+      // Lanes may have moved and keys may have been parked since the prefetch was claimed.
+      const parked = await parkedAmong(db, rows);
+      return rows.filter((r) => owned.has(r.lane) && !parked.has(`${r.topic}\u0000${r.key}`));
+    }
+    return claimBatch(db, [...owned.keys()], batchSize, deletingIds);
+  }
+
   async function processBatch(): Promise<number> {
-    const rows = await claimBatch(db, [...owned.keys()], batchSize);
-    if (rows.length === 0) return 0;
+    const rows = await nextRows();
+    if (rows.length === 0) {
+      await finishDelete();
+      return 0;
+    }
+    if (rows.length >= batchSize) {
+      const exclude = [...deletingIds, ...rows.map((r) => r.id)];
+      prefetch = claimBatch(db, [...owned.keys()], batchSize, exclude);
+      prefetch.catch(() => {}); // awaited (or dropped) later; never an unhandled rejection
+    }
     let sentIds: number[];
     try {
       await publishWithRetry(rows);
       sentIds = rows.map((r) => r.id);
     } catch (err) {
-      if (!isPoisonError(err)) throw new PublishFailed(err);
+      if (!isPoisonError(err)) {
+        prefetch = undefined;
+        throw new PublishFailed(err);
+      }
       sentIds = await isolatePoison(rows);
     }
-    options.hooks?.afterPublish?.(stats.batches + 1);
-    const deleted = await deleteFenced(db, { instanceId, ids: sentIds, fences: owned });
+    options.hooks?.afterPublish?.(
+      stats.batches + 1,
+      rows.map((r) => r.message_id),
+    );
+    await finishDelete();
+    startDelete(sentIds, new Map(owned));
     stats.published += sentIds.length;
     stats.batches++;
-    if (deleted.length < sentIds.length) {
-      // We lost a lane between claim and delete: the new owner republishes those rows (same message_id).
-      stats.lostLaneDeletes += sentIds.length - deleted.length;
-      log.warn(
-        { published: sentIds.length, deleted: deleted.length },
-        'lost a lane during a batch; rebalancing',
-      );
-      owned = await renewLanes(db, instanceId, ttlMs);
-    }
-    for (const r of rows) {
-      if (log.isLevelEnabled('trace')) log.trace({ message_id: r.message_id, lane: r.lane }, 'published');
+    if (log.isLevelEnabled('trace')) {
+      for (const r of rows) log.trace({ message_id: r.message_id, lane: r.lane }, 'published');
     }
     return rows.length;
   }
@@ -212,6 +260,8 @@ export function createRelay(options: RelayOptions): Relay {
           idle = n > 0 ? 1 : Math.min(maxIdleMs, idle * 2);
           await sleep(n > 0 ? 0 : idle);
         } catch (err) {
+          prefetch = undefined;
+          await finishDelete().catch(() => {});
           log.error({ err: (err as Error).message }, 'relay iteration failed; retrying');
           await sleep(Math.min(1000, maxIdleMs * 2));
           if (err instanceof PublishFailed) {
@@ -225,6 +275,7 @@ export function createRelay(options: RelayOptions): Relay {
         }
       }
     } finally {
+      await finishDelete().catch(() => {});
       await releaseLanes(db, instanceId, [...owned.keys()]).catch(() => {});
       await forgetInstance(db, instanceId, ttlMs).catch(() => {});
       await options.publisher.disconnect().catch(() => {});

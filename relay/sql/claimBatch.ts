@@ -24,15 +24,28 @@ export async function claimBatch(
   db: Executor,
   lanes: readonly number[],
   limit: number,
+  /** Rows published but not yet deleted (their delete is in flight). */
+  excludeIds: readonly number[] = [],
 ): Promise<ClaimedRow[]> {
   if (lanes.length === 0) return [];
   const { rows } = await sql<ClaimedRow>`
     SELECT o.id, o.lane, o.message_id, o.topic, o.key, o.headers, o.payload
       FROM outbox o
      WHERE o.lane = ANY(${lanes}::int[])
+       AND o.id <> ALL(${excludeIds}::bigint[])
        AND NOT EXISTS (SELECT 1 FROM outbox_parked_key p WHERE p.topic = o.topic AND p.key = o.key)
      ORDER BY o.id
      LIMIT ${limit}
   `.execute(db);
   return rows;
+}
+
+/** Which of these rows' keys are parked right now ("topic\u0000key"). */
+export async function parkedAmong(db: Executor, rows: readonly ClaimedRow[]): Promise<Set<string>> {
+  if (rows.length === 0) return new Set();
+  const { rows: parked } = await sql<{ topic: string; key: string }>`
+    SELECT topic, key FROM outbox_parked_key
+     WHERE (topic, key) IN (SELECT * FROM unnest(${rows.map((r) => r.topic)}::text[], ${rows.map((r) => r.key)}::text[]))
+  `.execute(db);
+  return new Set(parked.map((p) => `${p.topic}\u0000${p.key}`));
 }

@@ -1,0 +1,195 @@
+/**
+ * Relay throughput and latency against the same broker and database:
+ *  (a) drain a backlog of N messages of 200 bytes, messages/s;
+ *  (b) steady load at fixed rates, p50/p99 from commit to broker ack;
+ *  (c) the same messages through a raw kafkajs producer, and a raw Postgres insert loop.
+ * `--quick` runs a smaller version (under a minute) with the same JSON keys.
+ */
+
+import { Partitioners } from 'kafkajs';
+import { sql } from 'kysely';
+import { v7 as uuidv7 } from 'uuid';
+import { createRelay } from '../relay/relay.js';
+import type { Db } from '../src/db/database.js';
+import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
+import { laneOf } from '../src/outbox/lanes.js';
+import { benchDatabase, flag } from './support.js';
+
+const PAYLOAD = Buffer.alloc(200, 'x');
+
+function rows(n: number, keys: number, topic: string) {
+  return Array.from({ length: n }, (_, i) => {
+    const key = `key-${i % keys}`;
+    return { id: uuidv7(), key, lane: laneOf(key), topic };
+  });
+}
+
+async function insertRows(db: Db, batch: ReturnType<typeof rows>): Promise<void> {
+  await sql`
+    INSERT INTO outbox (lane, message_id, topic, key, headers, payload)
+    SELECT lane, id, topic, key, jsonb_build_object('cairn-message-id', id::text), ${PAYLOAD}
+      FROM unnest(${batch.map((r) => r.lane)}::int[], ${batch.map((r) => r.id)}::uuid[],
+                  ${batch.map((r) => r.topic)}::text[], ${batch.map((r) => r.key)}::text[]) AS t(lane, id, topic, key)
+  `.execute(db);
+}
+
+async function outboxCount(db: Db): Promise<number> {
+  const r = await sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox`.execute(db);
+  return r.rows[0]!.n;
+}
+
+function percentile(sorted: number[], p: number): number {
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? Number.NaN;
+}
+
+export async function benchRelay(args: string[]): Promise<Record<string, unknown>> {
+  const quick = args.includes('--quick');
+  const n = flag(args, 'messages', quick ? 30_000 : 200_000);
+  const steadySeconds = flag(args, 'seconds', quick ? 5 : 15);
+  const batchSize = flag(args, 'batch', 1000);
+  const env = await benchDatabase('relay', 12);
+  const brokers = env.stack.kafkaBrokers.split(',');
+  const kafka = kafkaClient(brokers, 'bench-relay');
+  const admin = kafka.admin();
+  await admin.connect();
+  const stamp = Date.now();
+  const topics = {
+    drain: `bench.drain.${stamp}`,
+    steady: `bench.steady.${stamp}`,
+    raw: `bench.raw.${stamp}`,
+  };
+  await admin.createTopics({
+    topics: Object.values(topics).map((topic) => ({ topic, numPartitions: 6 })),
+    waitForLeaders: true,
+  });
+  try {
+    // (c2) raw Postgres insert loop: the backlog itself, 1,000 rows per transaction.
+    const backlog = rows(n, 1000, topics.drain);
+    let t0 = performance.now();
+    for (let i = 0; i < backlog.length; i += 1000) await insertRows(env.db, backlog.slice(i, i + 1000));
+    const rawInsertPerS = n / ((performance.now() - t0) / 1000);
+
+    // (a) drain
+    const relay = createRelay({
+      db: env.db,
+      publisher: createKafkaPublisher({ brokers }),
+      batchSize,
+      leaseTtlMs: 10_000,
+      maxIdleMs: 20,
+    });
+    t0 = performance.now();
+    const running = relay.run();
+    while ((await outboxCount(env.db)) > 0) await new Promise((r) => setTimeout(r, 20));
+    const drainPerS = n / ((performance.now() - t0) / 1000);
+
+    // (b) steady load: commit at a fixed rate, record commit time, relay hook records ack time.
+    await relay.stop();
+    await running;
+    const committed = new Map<string, number>();
+    const latencies: number[] = [];
+    const steady = async (rate: number) => {
+      latencies.length = 0;
+      committed.clear();
+      const r = createRelay({
+        db: env.db,
+        publisher: createKafkaPublisher({ brokers }),
+        batchSize,
+        leaseTtlMs: 10_000,
+        maxIdleMs: 5,
+        hooks: {
+          afterPublish: (_b, ids) => {
+            const now = performance.now();
+            for (const id of ids) {
+              const c = committed.get(id);
+              if (c !== undefined) latencies.push(now - c);
+            }
+          },
+        },
+      });
+      const run = r.run();
+      await new Promise((res) => setTimeout(res, 500)); // lanes acquired
+      const tickMs = 10;
+      const perTick = Math.max(1, Math.round((rate * tickMs) / 1000));
+      const end = performance.now() + steadySeconds * 1000;
+      let next = performance.now();
+      let sent = 0;
+      while (performance.now() < end) {
+        const batch = rows(perTick, 1000, topics.steady);
+        await insertRows(env.db, batch);
+        const at = performance.now();
+        for (const m of batch) committed.set(m.id, at);
+        sent += batch.length;
+        next += tickMs;
+        const wait = next - performance.now();
+        if (wait > 0) await new Promise((res) => setTimeout(res, wait));
+      }
+      while ((await outboxCount(env.db)) > 0) await new Promise((res) => setTimeout(res, 20));
+      await r.stop();
+      await run;
+      const sorted = [...latencies].sort((a, b) => a - b);
+      const achieved = sent / steadySeconds;
+      return {
+        rate,
+        achieved,
+        p50: percentile(sorted, 50),
+        p99: percentile(sorted, 99),
+        samples: sorted.length,
+      };
+    };
+    const at1k = await steady(1000);
+    const at5k = await steady(5000);
+
+    // (c1) raw kafkajs producer: the same number of 200-byte messages, same batch size and settings.
+    const producer = kafka.producer({
+      idempotent: true,
+      maxInFlightRequests: 1,
+      createPartitioner: Partitioners.DefaultPartitioner,
+    });
+    await producer.connect();
+    const raw = rows(n, 1000, topics.raw);
+    t0 = performance.now();
+    for (let i = 0; i < raw.length; i += batchSize) {
+      await producer.sendBatch({
+        acks: -1,
+        topicMessages: [
+          {
+            topic: topics.raw,
+            messages: raw
+              .slice(i, i + batchSize)
+              .map((m) => ({ key: m.key, value: PAYLOAD, headers: { 'cairn-message-id': m.id } })),
+          },
+        ],
+      });
+    }
+    const rawProducerPerS = n / ((performance.now() - t0) / 1000);
+    await producer.disconnect();
+
+    const ratio = drainPerS / rawProducerPerS;
+    const f = (x: number) => x.toFixed(0).padStart(8);
+    console.log(`messages: ${n} x 200 B, relay batch ${batchSize}, ${steadySeconds} s per steady rate`);
+    console.log(`relay drain (backlog)            ${f(drainPerS)} msgs/s   (target >= 50,000)`);
+    console.log(`raw kafkajs producer             ${f(rawProducerPerS)} msgs/s`);
+    console.log(`drain / raw producer             ${ratio.toFixed(2).padStart(8)}          (target >= 0.8)`);
+    console.log(`raw Postgres insert (1k per tx)  ${f(rawInsertPerS)} msgs/s`);
+    for (const s of [at1k, at5k]) {
+      console.log(
+        `steady ${s.rate}/s (achieved ${s.achieved.toFixed(0)}/s): commit->ack p50 ${s.p50.toFixed(1)} ms, p99 ${s.p99.toFixed(1)} ms (${s.samples} samples)`,
+      );
+    }
+    return {
+      bench: 'relay',
+      drain_msgs_per_s: Math.round(drainPerS),
+      raw_producer_msgs_per_s: Math.round(rawProducerPerS),
+      drain_ratio: Number(ratio.toFixed(3)),
+      raw_insert_msgs_per_s: Math.round(rawInsertPerS),
+      p50_ms_at_1k: Number(at1k.p50.toFixed(2)),
+      p99_ms_at_1k: Number(at1k.p99.toFixed(2)),
+      p50_ms_at_5k: Number(at5k.p50.toFixed(2)),
+      p99_ms_at_5k: Number(at5k.p99.toFixed(2)),
+    };
+  } finally {
+    await admin.deleteTopics({ topics: Object.values(topics) }).catch(() => {});
+    await admin.disconnect();
+    await env.close();
+  }
+}
