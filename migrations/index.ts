@@ -1,6 +1,7 @@
 import type { Migration, MigrationProvider } from 'kysely';
 import * as m0001 from './0001_task_state.js';
 import * as m0002 from './0002_outbox.js';
+import * as m0003 from './0003_inbox.js';
 
 /**
  * Every migration, in order. Imported statically (not read from the folder) so the same
@@ -10,6 +11,7 @@ import * as m0002 from './0002_outbox.js';
 export const migrations: Record<string, Migration> = {
   '0001_task_state': m0001,
   '0002_outbox': m0002,
+  '0003_inbox': m0003,
 };
 
 export const migrationProvider: MigrationProvider = {

@@ -2,6 +2,7 @@
 /** `cairn <command>`: operator commands. Each command lives in its own module under src/cli/. */
 import { parseArgs } from 'node:util';
 import { CairnError } from '../errors.js';
+import { inboxCommand } from './inbox.js';
 import { migrateCommand } from './migrate.js';
 import { outboxCommand } from './outbox.js';
 import { stateCommand } from './state.js';
@@ -10,6 +11,7 @@ const commands: Record<string, (argv: string[]) => Promise<number>> = {
   migrate: migrateCommand,
   state: stateCommand,
   outbox: outboxCommand,
+  inbox: inboxCommand,
   relay: async () => (await import('../../relay/main.js')).runRelayProcess(),
 };
 
@@ -22,6 +24,9 @@ commands:
   outbox parked      keys held back by a message the broker refused
   outbox release <key> --topic T --reason R    let a parked key flow again
   outbox skip <message_id> --reason R          drop one message (audited)
+  inbox dlq [--group G]                        dead letters
+  inbox replay <message_id> --group G          send a dead letter back to its topic
+  inbox prune [--older-than-hours 168]         delete old inbox rows in batches
   state upgrade      rewrite tasks stored under an older schema as oaies.task-state.v2 (through CAS)
 
 environment:

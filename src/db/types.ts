@@ -70,7 +70,42 @@ export interface OutboxOperatorAuditTable {
   at: Generated<Date>;
 }
 
+export interface InboxTable {
+  consumer_group: string;
+  message_id: string;
+  topic: string;
+  partition: number;
+  offset: number;
+  outcome: Generated<'applied' | 'stale' | 'dead_lettered'>;
+  applied_at: Generated<Date>;
+}
+
+export interface InboxKeyVersionTable {
+  consumer_group: string;
+  key: string;
+  version: number;
+}
+
+export interface InboxDlqTable {
+  id: Generated<number>;
+  consumer_group: string;
+  message_id: string;
+  topic: string;
+  partition: number;
+  offset: number;
+  key: string | null;
+  headers: JSONColumnType<Record<string, string>>;
+  payload: Buffer | null;
+  error: string;
+  attempts: number;
+  dead_at: Generated<Date>;
+  replayed_at: Date | null;
+}
+
 export interface Database {
+  inbox: InboxTable;
+  inbox_key_version: InboxKeyVersionTable;
+  inbox_dlq: InboxDlqTable;
   task_state: TaskStateTable;
   task_audit: TaskAuditTable;
   outbox: OutboxTable;

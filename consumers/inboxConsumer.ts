@@ -1,0 +1,250 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { Db } from '../src/db/database.js';
+import type { Trx } from '../src/db/executor.js';
+import { isRetriableSqlError } from '../src/db/sqlstate.js';
+import type { Publisher } from '../src/kafka/publisher.js';
+import type { ReceivedBatch, ReceivedMessage, Subscriber } from '../src/kafka/subscriber.js';
+import { type Logger, silentLogger } from '../src/logger.js';
+import { claimVersion } from './sql/claimVersion.js';
+import { insertInboxRows } from './sql/insertInboxRows.js';
+import { pruneInbox } from './sql/pruneInbox.js';
+import { recordDeadLetter } from './sql/recordDeadLetter.js';
+
+export interface InboxMessage {
+  /** The `cairn-message-id` header, or topic:partition:offset for messages from outside Cairn. */
+  messageId: string;
+  topic: string;
+  partition: number;
+  offset: string;
+  key: string | null;
+  headers: Readonly<Record<string, string>>;
+  value: Buffer | null;
+  /** The task version that caused the message (`cairn-task-version`), when it has one. */
+  taskVersion: number | undefined;
+  json<T = unknown>(): T;
+}
+
+/** Runs inside the transaction that also records the message as applied: write your effects with `trx`. */
+export type InboxHandler = (trx: Trx, message: InboxMessage) => Promise<void>;
+
+export interface InboxConsumerOptions {
+  db: Db;
+  subscriber: Subscriber;
+  /** Publishes dead letters to `<topic>.dlq`. */
+  dlqPublisher: Publisher;
+  groupId: string;
+  handler: InboxHandler;
+  logger?: Logger;
+  /** Messages applied per database transaction (one Kafka batch is cut into chunks of this size). */
+  chunkSize?: number;
+  /** Attempts for a failing message before it goes to the dead-letter topic. */
+  maxAttempts?: number;
+  retryBaseMs?: number;
+  /** Refuse a message whose task version is not newer than the newest applied for its key. */
+  refuseStaleVersions?: boolean;
+  /** Inbox rows older than this are pruned; must exceed the topics' retention. Default 7 days. */
+  retentionMs?: number;
+  pruneEveryMs?: number;
+  /** Test hooks at named points; a crash test SIGKILLs the process from here. */
+  hooks?: { afterDbCommit?(commits: number): void };
+}
+
+export interface InboxStats {
+  applied: number;
+  duplicates: number;
+  stale: number;
+  deadLettered: number;
+  retries: number;
+  commits: number;
+  offsetCommitFailures: number;
+}
+
+export interface InboxConsumer {
+  run(): Promise<void>;
+  stop(): Promise<void>;
+  stats(): InboxStats;
+}
+
+const SEVEN_DAYS_MS = 7 * 24 * 3600 * 1000;
+
+export function toInboxMessage(m: ReceivedMessage): InboxMessage {
+  const version = m.headers['cairn-task-version'];
+  return {
+    messageId: m.headers['cairn-message-id'] ?? `${m.topic}:${m.partition}:${m.offset}`,
+    topic: m.topic,
+    partition: m.partition,
+    offset: m.offset,
+    key: m.key,
+    headers: m.headers,
+    value: m.value,
+    taskVersion: version !== undefined && /^\d+$/.test(version) ? Number(version) : undefined,
+    json<T>() {
+      return JSON.parse(m.value?.toString('utf8') ?? 'null') as T;
+    },
+  };
+}
+
+export function createInboxConsumer(options: InboxConsumerOptions): InboxConsumer {
+  const { db, groupId, handler } = options;
+  const log = (options.logger ?? silentLogger).child({ component: 'inbox', group: groupId });
+  const chunkSize = options.chunkSize ?? 500;
+  const maxAttempts = options.maxAttempts ?? 5;
+  const retryBaseMs = options.retryBaseMs ?? 100;
+  const stats: InboxStats = {
+    applied: 0,
+    duplicates: 0,
+    stale: 0,
+    deadLettered: 0,
+    retries: 0,
+    commits: 0,
+    offsetCommitFailures: 0,
+  };
+  let pruneTimer: NodeJS.Timeout | undefined;
+  let dlqConnected: Promise<void> | undefined;
+
+  /** Applies the new messages of a chunk in one transaction; returns counts to add once it committed. */
+  async function applyChunk(trx: Trx, chunk: readonly InboxMessage[]) {
+    const counts = { applied: 0, duplicates: 0, stale: 0 };
+    const fresh = await insertInboxRows(trx, groupId, chunk);
+    for (const m of chunk) {
+      // `fresh` holds each new id once; a second copy in the same chunk is a duplicate too.
+      if (!fresh.delete(m.messageId)) {
+        counts.duplicates++;
+        continue;
+      }
+      if (options.refuseStaleVersions && m.key !== null && m.taskVersion !== undefined) {
+        if (
+          !(await claimVersion(trx, { groupId, key: m.key, version: m.taskVersion, messageId: m.messageId }))
+        ) {
+          counts.stale++;
+          log.info({ message_id: m.messageId, key: m.key, version: m.taskVersion }, 'stale message refused');
+          continue;
+        }
+      }
+      await handler(trx, m);
+      counts.applied++;
+    }
+    return counts;
+  }
+
+  function addCounts(c: { applied: number; duplicates: number; stale: number }): void {
+    stats.applied += c.applied;
+    stats.duplicates += c.duplicates;
+    stats.stale += c.stale;
+  }
+
+  async function deadLetter(m: InboxMessage, error: unknown, attempts: number): Promise<void> {
+    const message = (error as Error)?.message ?? String(error);
+    dlqConnected ??= options.dlqPublisher.connect();
+    await dlqConnected;
+    // Publish first, then record: a crash in between re-sends the same dead letter (same message id), never loses it.
+    await options.dlqPublisher.publish([
+      {
+        topic: `${m.topic}.dlq`,
+        key: m.key ?? m.messageId,
+        value: m.value ?? Buffer.alloc(0),
+        headers: {
+          ...m.headers,
+          'cairn-message-id': m.messageId,
+          'cairn-dlq-error': message.slice(0, 2000),
+          'cairn-dlq-consumer-group': groupId,
+          'cairn-dlq-original-topic': m.topic,
+          'cairn-dlq-original-partition': String(m.partition),
+          'cairn-dlq-original-offset': m.offset,
+          'cairn-dlq-attempts': String(attempts),
+        },
+      },
+    ]);
+    await db
+      .transaction()
+      .execute((trx) => recordDeadLetter(trx, { groupId, message: m, error: message, attempts }));
+    stats.deadLettered++;
+    log.error(
+      { message_id: m.messageId, topic: m.topic, offset: m.offset, err: message },
+      'message dead-lettered',
+    );
+  }
+
+  /** One message in its own transaction, with retries; dead-lettered when it keeps failing. */
+  async function applyAlone(m: InboxMessage): Promise<void> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        addCounts(await db.transaction().execute((trx) => applyChunk(trx, [m])));
+        return;
+      } catch (err) {
+        const retriable = (err as { retriable?: unknown }).retriable !== false || isRetriableSqlError(err);
+        if (!retriable || attempt >= maxAttempts) {
+          await deadLetter(m, err, attempt);
+          return;
+        }
+        stats.retries++;
+        log.warn(
+          { message_id: m.messageId, attempt, err: (err as Error).message },
+          'handler failed; retrying',
+        );
+        await sleep(retryBaseMs * 2 ** (attempt - 1));
+      }
+    }
+  }
+
+  async function onBatch(batch: ReceivedBatch): Promise<void> {
+    const messages = batch.messages.map(toInboxMessage);
+    for (let i = 0; i < messages.length; i += chunkSize) {
+      if (!batch.isActive()) return;
+      const chunk = messages.slice(i, i + chunkSize);
+      try {
+        addCounts(await db.transaction().execute((trx) => applyChunk(trx, chunk)));
+      } catch (err) {
+        // Something in the chunk failed and the whole transaction rolled back: apply the
+        // messages one by one so one bad message cannot hold back the others.
+        log.warn({ err: (err as Error).message, size: chunk.length }, 'chunk failed; applying one by one');
+        for (const m of chunk) await applyAlone(m);
+      }
+      stats.commits++;
+      options.hooks?.afterDbCommit?.(stats.commits);
+      // A partition we no longer own must not get a commit from us; its new owner re-reads
+      // from the last committed offset and the inbox turns those messages into duplicates.
+      if (!batch.isActive()) return;
+      const last = chunk[chunk.length - 1]!;
+      try {
+        await options.subscriber.commit(batch.topic, batch.partition, (BigInt(last.offset) + 1n).toString());
+        batch.resolveOffset(last.offset);
+      } catch (err) {
+        stats.offsetCommitFailures++;
+        log.warn(
+          { err: (err as Error).message, partition: batch.partition },
+          'offset commit failed (rebalance?)',
+        );
+        return;
+      }
+      await batch.heartbeat().catch(() => {});
+    }
+  }
+
+  function schedulePrune(): void {
+    const every = options.pruneEveryMs ?? 3600_000;
+    pruneTimer = setTimeout(async () => {
+      try {
+        const removed = await pruneInbox(db, { olderThanMs: options.retentionMs ?? SEVEN_DAYS_MS });
+        if (removed > 0) log.info({ removed }, 'pruned inbox rows');
+      } catch (err) {
+        log.warn({ err: (err as Error).message }, 'inbox prune failed');
+      }
+      schedulePrune();
+    }, every);
+    pruneTimer.unref();
+  }
+
+  return {
+    async run() {
+      schedulePrune();
+      await options.subscriber.run(onBatch);
+    },
+    async stop() {
+      clearTimeout(pruneTimer);
+      await options.subscriber.stop();
+      if (dlqConnected) await options.dlqPublisher.disconnect().catch(() => {});
+    },
+    stats: () => ({ ...stats }),
+  };
+}

@@ -1,0 +1,61 @@
+/**
+ * A consumer process for crash tests: applies messages by inserting one row per message into
+ * `effects` (no unique constraint, so a double application shows up as two rows). Settings
+ * from the environment: DATABASE_URL, KAFKA_BROKERS, GROUP, TOPIC, CONSUMER_NAME, and
+ * CAIRN_FAULT_KILL_AFTER_DB_COMMIT=N (SIGKILL itself after the Nth database commit, before
+ * the offset commit).
+ */
+import { sql } from 'kysely';
+import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
+import { createDb } from '../../src/db/database.js';
+import { createKafkaPublisher } from '../../src/kafka/publisher.js';
+import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
+
+const env = (name: string) => {
+  const v = process.env[name];
+  if (!v) throw new Error(`${name} is required`);
+  return v;
+};
+const brokers = env('KAFKA_BROKERS').split(',');
+const db = createDb({ connectionString: env('DATABASE_URL'), max: 4 });
+const killAfter = process.env.CAIRN_FAULT_KILL_AFTER_DB_COMMIT
+  ? Number(process.env.CAIRN_FAULT_KILL_AFTER_DB_COMMIT)
+  : 0;
+const name = process.env.CONSUMER_NAME ?? 'consumer';
+
+const consumer = createInboxConsumer({
+  db,
+  groupId: env('GROUP'),
+  subscriber: createKafkaSubscriber({
+    brokers,
+    groupId: env('GROUP'),
+    topics: [env('TOPIC')],
+    sessionTimeoutMs: 6000,
+  }),
+  dlqPublisher: createKafkaPublisher({ brokers }),
+  chunkSize: Number(process.env.CHUNK_SIZE ?? 100),
+  handler: async (trx, m) => {
+    const { key, seq } = m.json<{ key: string; seq: number }>();
+    await sql`INSERT INTO effects (message_id, key, seq, consumer) VALUES (${m.messageId}, ${key}, ${seq}, ${name})`.execute(
+      trx,
+    );
+  },
+  ...(killAfter
+    ? {
+        hooks: {
+          afterDbCommit: (n: number) => {
+            if (n >= killAfter) process.kill(process.pid, 'SIGKILL');
+          },
+        },
+      }
+    : {}),
+});
+
+const stop = async () => {
+  await consumer.stop();
+  await db.destroy();
+  process.exit(0);
+};
+process.once('SIGTERM', () => void stop());
+await consumer.run();
+process.stdout.write('consumer running\n');
