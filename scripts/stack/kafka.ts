@@ -120,6 +120,8 @@ function writeConfig(): void {
       'min.insync.replicas=1',
       'num.partitions=3',
       'group.initial.rebalance.delay.ms=0',
+      // Crash tests kill consumers; a short minimum session lets the group notice in ~2 s, not 6+.
+      'group.min.session.timeout.ms=1000',
       'auto.create.topics.enable=true',
       'log.retention.hours=24',
       'log.segment.bytes=67108864',

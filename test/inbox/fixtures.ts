@@ -15,6 +15,7 @@ export async function produceKeyed(
   topic: string,
   keys: number,
   perKey: number,
+  pauseMs = 0,
 ): Promise<string[]> {
   const kafka = kafkaClient(brokers, 'inbox-test-producer');
   const producer = kafka.producer({
@@ -35,6 +36,7 @@ export async function produceKeyed(
       };
     });
     await producer.send({ topic, acks: -1, messages });
+    if (pauseMs) await new Promise((r) => setTimeout(r, pauseMs));
   }
   await producer.disconnect();
   return ids;
