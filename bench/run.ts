@@ -1,10 +1,12 @@
 /** `npm run bench -- <name> [--quick] [flags]`: runs one benchmark, prints figures and a final JSON line. */
 import { benchCas } from './cas.js';
+import { benchInbox } from './inbox.js';
 import { benchRelay } from './relay.js';
 
 const benches: Record<string, (args: string[]) => Promise<Record<string, unknown>>> = {
   cas: benchCas,
   relay: benchRelay,
+  inbox: benchInbox,
 };
 
 const [name, ...args] = process.argv.slice(2);

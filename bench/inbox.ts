@@ -1,0 +1,101 @@
+/**
+ * Messages applied exactly once per second by the inbox consumer (dedupe row in the same
+ * transaction as the handler, offset committed after it) against a raw kafkajs consumer that
+ * does nothing, on the same topic in the same run. Target: >= 20,000 applied/s.
+ */
+import { randomUUID } from 'node:crypto';
+import { Partitioners } from 'kafkajs';
+import { v7 as uuidv7 } from 'uuid';
+import { createInboxConsumer } from '../consumers/inboxConsumer.js';
+import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
+import { createKafkaSubscriber } from '../src/kafka/subscriber.js';
+import { benchDatabase, flag } from './support.js';
+
+export async function benchInbox(args: string[]): Promise<Record<string, unknown>> {
+  const quick = args.includes('--quick');
+  const n = flag(args, 'messages', quick ? 30_000 : 200_000);
+  const chunk = flag(args, 'chunk', 500);
+  const env = await benchDatabase('inbox', 8);
+  const brokers = env.stack.kafkaBrokers.split(',');
+  const kafka = kafkaClient(brokers, 'bench-inbox');
+  const topic = `bench.inbox.${Date.now()}`;
+  const admin = kafka.admin();
+  await admin.connect();
+  await admin.createTopics({ topics: [{ topic, numPartitions: 6 }], waitForLeaders: true });
+  try {
+    const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
+    await producer.connect();
+    const value = Buffer.alloc(200, 'x');
+    for (let i = 0; i < n; i += 2000) {
+      await producer.send({
+        topic,
+        acks: -1,
+        messages: Array.from({ length: Math.min(2000, n - i) }, (_, j) => ({
+          key: `key-${(i + j) % 1000}`,
+          value,
+          headers: { 'cairn-message-id': uuidv7() },
+        })),
+      });
+    }
+    await producer.disconnect();
+
+    // Raw: a kafkajs consumer that does nothing but count.
+    const raw = kafka.consumer({ groupId: `bench-raw-${randomUUID()}`, maxWaitTimeInMs: 100 });
+    await raw.connect();
+    await raw.subscribe({ topic, fromBeginning: true });
+    let rawCount = 0;
+    let t0 = 0;
+    const rawDone = new Promise<void>((resolve) => {
+      void raw.run({
+        eachBatch: async ({ batch }) => {
+          if (t0 === 0) t0 = performance.now();
+          rawCount += batch.messages.length;
+          if (rawCount >= n) resolve();
+        },
+      });
+    });
+    await rawDone;
+    const rawPerS = n / ((performance.now() - t0) / 1000);
+    await raw.disconnect();
+
+    // Inbox: exactly once, the handler does nothing (this measures what exactly-once costs).
+    const groupId = `bench-inbox-${randomUUID()}`;
+    const consumer = createInboxConsumer({
+      db: env.db,
+      groupId,
+      subscriber: createKafkaSubscriber({ brokers, groupId, topics: [topic] }),
+      dlqPublisher: createKafkaPublisher({ brokers }),
+      chunkSize: chunk,
+      handler: async () => {},
+    });
+    let t1 = 0;
+    const started = performance.now();
+    void consumer.run();
+    while (consumer.stats().applied < n) {
+      if (t1 === 0 && consumer.stats().applied > 0) t1 = performance.now();
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    const appliedPerS = n / ((performance.now() - (t1 || started)) / 1000);
+    const s = consumer.stats();
+    await consumer.stop();
+
+    const ratio = appliedPerS / rawPerS;
+    console.log(`messages: ${n} x 200 B on 6 partitions, inbox chunk ${chunk}`);
+    console.log(`raw kafkajs consumer (no-op)      ${rawPerS.toFixed(0).padStart(8)} msgs/s`);
+    console.log(
+      `inbox consumer, exactly once      ${appliedPerS.toFixed(0).padStart(8)} applied/s  (target >= 20,000)`,
+    );
+    console.log(`ratio                             ${ratio.toFixed(2).padStart(8)}`);
+    console.log(`duplicates ${s.duplicates}, transactions ${s.commits}`);
+    return {
+      bench: 'inbox',
+      applied_per_s: Math.round(appliedPerS),
+      raw_consume_per_s: Math.round(rawPerS),
+      ratio: Number(ratio.toFixed(3)),
+    };
+  } finally {
+    await admin.deleteTopics({ topics: [topic] }).catch(() => {});
+    await admin.disconnect();
+    await env.close();
+  }
+}
