@@ -2,6 +2,7 @@ import type { Migration, MigrationProvider } from 'kysely';
 import * as m0001 from './0001_task_state.js';
 import * as m0002 from './0002_outbox.js';
 import * as m0003 from './0003_inbox.js';
+import * as m0004 from './0004_leases_receipts.js';
 
 /**
  * Every migration, in order. Imported statically (not read from the folder) so the same
@@ -12,6 +13,7 @@ export const migrations: Record<string, Migration> = {
   '0001_task_state': m0001,
   '0002_outbox': m0002,
   '0003_inbox': m0003,
+  '0004_leases_receipts': m0004,
 };
 
 export const migrationProvider: MigrationProvider = {

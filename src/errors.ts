@@ -77,3 +77,21 @@ export function preview(value: unknown, max = 80): string {
   }
   return text.length > max ? `${text.slice(0, max)}…` : text;
 }
+
+/** The lease this write relies on was lost (expired, taken over, or released): nothing was written. */
+export class LeaseLostError extends CairnError {
+  constructor(message: string) {
+    super('lease_lost', message);
+  }
+}
+
+/** Another holder has the lease; try again after `expiresAt` (database time). */
+export class LeaseHeldError extends CairnError {
+  constructor(
+    readonly holder: string,
+    readonly expiresAt: Date,
+    what: string,
+  ) {
+    super('lease_held', `${what} is held by ${holder} until ${expiresAt.toISOString()}`, { retriable: true });
+  }
+}

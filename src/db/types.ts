@@ -102,7 +102,44 @@ export interface InboxDlqTable {
   replayed_at: Date | null;
 }
 
+export interface TaskLeaseTable {
+  task_id: string;
+  branch: string;
+  holder: string | null;
+  lease_id: string | null;
+  fencing_token: number;
+  acquired_at: Generated<Date>;
+  expires_at: Date;
+}
+
+export type ReceiptStatus = 'started' | 'succeeded' | 'failed' | 'uncertain' | 'compensated' | 'gated';
+
+export interface ToolReceiptTable {
+  receipt_id: string;
+  idempotency_key: string;
+  task_id: string;
+  step: string;
+  tool: string;
+  args_digest: string;
+  status: ReceiptStatus;
+  attempt: Generated<number>;
+  irreversible: Generated<boolean>;
+  worker: string;
+  lease_task_id: string | null;
+  lease_branch: string | null;
+  lease_id: string | null;
+  fencing_token: number | null;
+  result: ColumnType<unknown, string | null, string | null>;
+  result_digest: string | null;
+  error: string | null;
+  resolution: string | null;
+  started_at: Generated<Date>;
+  finished_at: Date | null;
+}
+
 export interface Database {
+  task_lease: TaskLeaseTable;
+  tool_receipt: ToolReceiptTable;
   inbox: InboxTable;
   inbox_key_version: InboxKeyVersionTable;
   inbox_dlq: InboxDlqTable;

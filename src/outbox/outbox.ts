@@ -1,5 +1,7 @@
 import type { z } from 'zod';
 import type { Executor } from '../db/executor.js';
+import { LeaseLostError } from '../errors.js';
+import { type Fence, holdsFence } from '../leases/sql/fenceCheck.js';
 import { laneOf } from './lanes.js';
 import {
   DEFAULT_MAX_PAYLOAD_BYTES,
@@ -19,6 +21,8 @@ export interface Outbox {
 }
 
 export interface EnqueueContext {
+  /** Refuse (LeaseLostError) unless this lease is still current; checked in the same transaction. */
+  fence?: Fence;
   defaultKey?: string;
   taskVersion?: number;
   tenantId?: string;

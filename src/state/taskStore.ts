@@ -2,7 +2,8 @@ import { z } from 'zod';
 import type { Db } from '../db/database.js';
 import { type Executor, inTransaction, type Trx } from '../db/executor.js';
 import { mapSqlError, SqlState, sqlState } from '../db/sqlstate.js';
-import { CairnError, NotFoundError, StaleWriteError, ValidationError } from '../errors.js';
+import { CairnError, LeaseLostError, NotFoundError, StaleWriteError, ValidationError } from '../errors.js';
+import { type Fence, holdsFence } from '../leases/sql/fenceCheck.js';
 import { type Logger, silentLogger } from '../logger.js';
 import { parseOptions } from '../options.js';
 import type { OutboxMessageInput } from '../outbox/message.js';
@@ -45,6 +46,8 @@ export interface UpdateInput {
   reason?: string;
   /** Messages the change causes: enqueued in the same transaction, keyed by the task id by default. */
   messages?: readonly OutboxMessageInput[];
+  /** The lease this write relies on: refused with LeaseLostError unless its token is still current. */
+  fence?: Fence;
   /** Join the caller's transaction. */
   trx?: Trx;
 }
@@ -205,21 +208,21 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
         });
       let swapped: boolean;
       let messageIds: string[] = [];
+      const ctx = { defaultKey: next.task_id, taskVersion: next.version, tenantId: next.tenant_id };
       try {
-        if (input.messages?.length) {
-          // Validate the messages before touching the database, then CAS and enqueue in one transaction.
-          outbox.validate(input.messages, {
-            defaultKey: next.task_id,
-            taskVersion: next.version,
-            tenantId: next.tenant_id,
-          });
+        if (input.messages?.length || input.fence) {
+          // Validate the messages before touching the database; then the fence check, the CAS
+          // and the messages in one transaction.
+          if (input.messages?.length) outbox.validate(input.messages, ctx);
           swapped = await inTransaction(o.db, input.trx, async (t) => {
+            if (input.fence && !(await holdsFence(t, input.fence))) {
+              throw new LeaseLostError(
+                `task ${input.taskId}: lease ${input.fence.branch} with fencing token ${input.fence.fencingToken} ` +
+                  'is no longer current (expired or taken over); nothing was written',
+              );
+            }
             if (!(await cas(t))) return false;
-            messageIds = await outbox.enqueue(t, input.messages!, {
-              defaultKey: next.task_id,
-              taskVersion: next.version,
-              tenantId: next.tenant_id,
-            });
+            if (input.messages?.length) messageIds = await outbox.enqueue(t, input.messages, ctx);
             return true;
           });
         } else {

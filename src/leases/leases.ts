@@ -1,0 +1,136 @@
+import { randomUUID } from 'node:crypto';
+import { sql } from 'kysely';
+import type { Db } from '../db/database.js';
+import { LeaseHeldError, LeaseLostError, ValidationError } from '../errors.js';
+import { type Logger, silentLogger } from '../logger.js';
+import { acquireLease } from './sql/acquireLease.js';
+import type { Fence } from './sql/fenceCheck.js';
+
+export type { Fence };
+
+export interface LeaseRequest {
+  taskId: string;
+  branch: string;
+  agentId: string;
+  ttlSeconds: number;
+}
+
+export interface Lease extends Fence {
+  leaseId: string;
+  agentId: string;
+  expiresAt: Date;
+}
+
+export type AcquireResult = ({ ok: true } & Lease) | { ok: false; holder: string; expiresAt: Date };
+
+export interface LeaseManager {
+  acquire(req: LeaseRequest): Promise<AcquireResult>;
+  /** Extends a lease that is still held; `{ ok: false }` when it expired or was taken over. */
+  renew(lease: Lease, ttlSeconds: number): Promise<{ ok: true; expiresAt: Date } | { ok: false }>;
+  release(lease: Lease): Promise<void>;
+  /**
+   * Acquires, renews in the background at a third of the TTL, hands `fn` an AbortSignal
+   * that fires when the lease is lost, and releases in `finally`. Throws LeaseHeldError if
+   * someone else holds it.
+   */
+  withLease<T>(req: LeaseRequest, fn: (lease: Lease, signal: AbortSignal) => Promise<T>): Promise<T>;
+}
+
+/**
+ * Leases judge expiry by the database's clock only: an agent whose own clock is off cannot
+ * extend, keep or steal a lease, since it never sends a time, only a duration.
+ */
+export function createLeaseManager(opts: { db: Db; logger?: Logger }): LeaseManager {
+  const { db } = opts;
+  const log = (opts.logger ?? silentLogger).child({ component: 'leases' });
+
+  function check(req: LeaseRequest): void {
+    if (!(req.ttlSeconds > 0 && req.ttlSeconds <= 86_400)) {
+      throw new ValidationError('lease request', [
+        { path: 'ttlSeconds', message: 'must be more than 0 and at most 86400', value: req.ttlSeconds },
+      ]);
+    }
+    for (const key of ['taskId', 'branch', 'agentId'] as const) {
+      if (!req[key])
+        throw new ValidationError('lease request', [{ path: key, message: 'is required', value: req[key] }]);
+    }
+  }
+
+  const manager: LeaseManager = {
+    async acquire(req) {
+      check(req);
+      const leaseId = randomUUID();
+      const got = await acquireLease(db, {
+        taskId: req.taskId,
+        branch: req.branch,
+        holder: req.agentId,
+        leaseId,
+        ttlMs: req.ttlSeconds * 1000,
+      });
+      if (got) {
+        log.debug({ task_id: req.taskId, branch: req.branch, token: got.fencing_token }, 'lease acquired');
+        return {
+          ok: true,
+          taskId: req.taskId,
+          branch: req.branch,
+          agentId: req.agentId,
+          leaseId,
+          fencingToken: got.fencing_token,
+          expiresAt: got.expires_at,
+        };
+      }
+      const held = await db
+        .selectFrom('task_lease')
+        .select(['holder', 'expires_at'])
+        .where('task_id', '=', req.taskId)
+        .where('branch', '=', req.branch)
+        .executeTakeFirst();
+      return { ok: false, holder: held?.holder ?? '(unknown)', expiresAt: held?.expires_at ?? new Date(0) };
+    },
+
+    async renew(lease, ttlSeconds) {
+      const { rows } = await sql<{ expires_at: Date }>`
+        UPDATE task_lease SET expires_at = now() + make_interval(secs => ${ttlSeconds})
+         WHERE task_id = ${lease.taskId} AND branch = ${lease.branch} AND lease_id = ${lease.leaseId}::uuid
+           AND holder IS NOT NULL AND expires_at > now()
+        RETURNING expires_at
+      `.execute(db);
+      return rows[0] ? { ok: true, expiresAt: rows[0].expires_at } : { ok: false };
+    },
+
+    async release(lease) {
+      await sql`
+        UPDATE task_lease SET holder = NULL, expires_at = now()
+         WHERE task_id = ${lease.taskId} AND branch = ${lease.branch} AND lease_id = ${lease.leaseId}::uuid
+      `.execute(db);
+    },
+
+    async withLease(req, fn) {
+      const got = await manager.acquire(req);
+      if (!got.ok) throw new LeaseHeldError(got.holder, got.expiresAt, `lease ${req.taskId}/${req.branch}`);
+      const { ok: _ok, ...lease } = got;
+      const controller = new AbortController();
+      const every = Math.max(50, (req.ttlSeconds * 1000) / 3);
+      const timer = setInterval(async () => {
+        try {
+          const r = await manager.renew(lease, req.ttlSeconds);
+          if (!r.ok) {
+            clearInterval(timer);
+            controller.abort(
+              new LeaseLostError(`lease ${req.taskId}/${req.branch} (token ${lease.fencingToken}) was lost`),
+            );
+          }
+        } catch (err) {
+          log.warn({ task_id: req.taskId, err: (err as Error).message }, 'lease renewal failed; will retry');
+        }
+      }, every);
+      try {
+        return await fn(lease, controller.signal);
+      } finally {
+        clearInterval(timer);
+        await manager.release(lease).catch(() => {});
+      }
+    },
+  };
+  return manager;
+}

@@ -1,0 +1,23 @@
+import { sql } from 'kysely';
+import type { Executor } from '../../db/executor.js';
+
+export interface Fence {
+  taskId: string;
+  branch: string;
+  fencingToken: number;
+}
+
+/**
+ * True when `fence` is still the current, unexpired lease of its (task, branch). Takes a
+ * FOR SHARE lock on the lease row: a take-over (an UPDATE of that row) waits until the
+ * caller's transaction ends, so the check stays true until the write it guards commits.
+ */
+export async function holdsFence(trx: Executor, fence: Fence): Promise<boolean> {
+  const { rows } = await sql<{ ok: number }>`
+    SELECT 1 AS ok FROM task_lease
+     WHERE task_id = ${fence.taskId} AND branch = ${fence.branch}
+       AND fencing_token = ${fence.fencingToken} AND holder IS NOT NULL AND expires_at > now()
+     FOR SHARE
+  `.execute(trx);
+  return rows.length === 1;
+}

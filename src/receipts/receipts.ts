@@ -1,0 +1,403 @@
+import { createHash, randomUUID } from 'node:crypto';
+import { hostname } from 'node:os';
+import canonicalize from 'canonicalize';
+import { sql } from 'kysely';
+import type { Db } from '../db/database.js';
+import type { ReceiptStatus } from '../db/types.js';
+import { LeaseLostError, NotFoundError, ValidationError } from '../errors.js';
+import type { Lease } from '../leases/leases.js';
+import { holdsFence } from '../leases/sql/fenceCheck.js';
+import { type Logger, silentLogger } from '../logger.js';
+import type { TaskStore } from '../state/taskStore.js';
+
+export type UncertainPolicy = 'compensate' | 'gate' | 'retry';
+
+export interface EffectContext {
+  /** Deterministic for (task, step, tool, canonical args): pass it to the external API as its idempotency key. */
+  idempotencyKey: string;
+  receiptId: string;
+  attempt: number;
+}
+
+export interface RunOnceInput<T> {
+  taskId: string;
+  step: string;
+  tool: string;
+  args: unknown;
+  effect: (ctx: EffectContext) => Promise<T>;
+  /** What to do with a receipt left `started` by a worker that died: never a blind retry. */
+  onUncertain: UncertainPolicy;
+  /** `retry` is allowed only for tools declared idempotent (the external API dedupes by the key). */
+  idempotentTool?: boolean;
+  irreversible?: boolean;
+  /** Undoes the effect; runs under a receipt of its own. Required for `compensate`. */
+  compensate?: (ctx: EffectContext) => Promise<unknown>;
+  /** The lease the work runs under: the intent is refused (LeaseLostError) unless it is current. */
+  lease?: Lease;
+  /** For `gate`: record the wait for a human in TaskState and its audit log. */
+  gate?: { store: TaskStore; actor: string };
+  /** Keep only a sha256 digest of the result, not the result itself. */
+  digestOnly?: boolean;
+}
+
+interface Ref {
+  receiptId: string;
+  idempotencyKey: string;
+}
+
+export type RunOnceResult<T> =
+  | (Ref & { status: 'succeeded'; result: T; ran: boolean })
+  | (Ref & { status: 'failed'; error: string })
+  | (Ref & { status: 'in_progress'; worker: string })
+  | (Ref & { status: 'compensated'; compensationReceiptId: string })
+  | (Ref & { status: 'gated' });
+
+export interface ReceiptRow {
+  receipt_id: string;
+  idempotency_key: string;
+  task_id: string;
+  step: string;
+  tool: string;
+  status: ReceiptStatus;
+  attempt: number;
+  worker: string;
+  result: unknown;
+  result_digest: string | null;
+  error: string | null;
+  resolution: string | null;
+  started_at: Date;
+  finished_at: Date | null;
+}
+
+export interface ReceiptStore {
+  runOnce<T>(input: RunOnceInput<T>): Promise<RunOnceResult<T>>;
+  byKey(idempotencyKey: string): Promise<ReceiptRow | undefined>;
+  byTask(taskId: string): Promise<ReceiptRow[]>;
+  /** A human's decision on a gated receipt: what really happened outside. */
+  resolveGate(
+    receiptId: string,
+    decision: { outcome: 'succeeded' | 'failed'; actor: string; reason: string },
+  ): Promise<void>;
+}
+
+export interface ReceiptStoreOptions {
+  db: Db;
+  logger?: Logger;
+  /** Identity written on receipts; defaults to the lease's agent, else host:pid. */
+  worker?: string;
+  /** Without a lease, a `started` receipt older than this (database clock) counts as abandoned. */
+  abandonAfterMs?: number;
+  /** Crash tests: named points where a worker can be killed. */
+  hooks?: { afterIntent?(): void; afterEffect?(): void };
+}
+
+export function idempotencyKeyOf(a: { taskId: string; step: string; tool: string; args: unknown }): string {
+  const canonical = canonicalize({ task_id: a.taskId, step: a.step, tool: a.tool, args: a.args ?? null });
+  if (canonical === undefined) {
+    throw new ValidationError('receipt args', [{ path: 'args', message: 'must be JSON-serializable' }]);
+  }
+  return `sha256:${createHash('sha256').update(canonical).digest('hex')}`;
+}
+
+function digestOf(value: unknown): string {
+  return `sha256:${createHash('sha256')
+    .update(canonicalize(value ?? null) ?? 'null')
+    .digest('hex')}`;
+}
+
+const COLUMNS = [
+  'receipt_id',
+  'idempotency_key',
+  'task_id',
+  'step',
+  'tool',
+  'status',
+  'attempt',
+  'worker',
+  'result',
+  'result_digest',
+  'error',
+  'resolution',
+  'started_at',
+  'finished_at',
+] as const;
+
+export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
+  const { db } = options;
+  const log = (options.logger ?? silentLogger).child({ component: 'receipts' });
+  const abandonAfterMs = options.abandonAfterMs ?? 300_000;
+
+  async function load(key: string): Promise<ReceiptRow | undefined> {
+    return (await db
+      .selectFrom('tool_receipt')
+      .select(COLUMNS)
+      .where('idempotency_key', '=', key)
+      .executeTakeFirst()) as ReceiptRow | undefined;
+  }
+
+  /** The intent row, committed before the effect runs. Returns the receipt id if this call created it. */
+  async function insertIntent<T>(
+    input: RunOnceInput<T>,
+    key: string,
+    worker: string,
+  ): Promise<string | undefined> {
+    return db.transaction().execute(async (trx) => {
+      if (input.lease && !(await holdsFence(trx, input.lease))) {
+        throw new LeaseLostError(
+          `receipt ${input.tool} at ${input.step} of task ${input.taskId}: lease token ${input.lease.fencingToken} is no longer current; the effect did not run`,
+        );
+      }
+      const row = await trx
+        .insertInto('tool_receipt')
+        .values({
+          receipt_id: randomUUID(),
+          idempotency_key: key,
+          task_id: input.taskId,
+          step: input.step,
+          tool: input.tool,
+          args_digest: digestOf(input.args),
+          status: 'started',
+          irreversible: input.irreversible ?? false,
+          worker,
+          lease_task_id: input.lease?.taskId ?? null,
+          lease_branch: input.lease?.branch ?? null,
+          lease_id: input.lease?.leaseId ?? null,
+          fencing_token: input.lease?.fencingToken ?? null,
+        })
+        .onConflict((oc) => oc.column('idempotency_key').doNothing())
+        .returning('receipt_id')
+        .executeTakeFirst();
+      return row?.receipt_id;
+    });
+  }
+
+  /** Runs the effect for an intent this worker holds, and records how it ended. */
+  async function execute<T>(input: RunOnceInput<T>, ref: Ref, attempt: number): Promise<RunOnceResult<T>> {
+    options.hooks?.afterIntent?.();
+    let result: T;
+    try {
+      result = await input.effect({ ...ref, attempt });
+    } catch (err) {
+      const message = (err as Error)?.message ?? String(err);
+      await db
+        .updateTable('tool_receipt')
+        .set({ status: 'failed', error: message, finished_at: sql<Date>`now()` })
+        .where('receipt_id', '=', ref.receiptId)
+        .where('status', '=', 'started')
+        .where('attempt', '=', attempt)
+        .execute();
+      log.warn({ task_id: input.taskId, receipt_id: ref.receiptId, err: message }, 'effect failed');
+      return { ...ref, status: 'failed', error: message };
+    }
+    options.hooks?.afterEffect?.();
+    // Recording a success is never fenced: the effect happened, and saying so is always right.
+    await db
+      .updateTable('tool_receipt')
+      .set({
+        status: 'succeeded',
+        result: input.digestOnly ? null : JSON.stringify(result ?? null),
+        result_digest: digestOf(result),
+        finished_at: sql<Date>`now()`,
+      })
+      .where('receipt_id', '=', ref.receiptId)
+      .where('attempt', '=', attempt)
+      .where('status', 'in', ['started', 'uncertain'])
+      .execute();
+    return { ...ref, status: 'succeeded', result, ran: true };
+  }
+
+  /** Takes a receipt back to `started` for another attempt, if it is still in `from`. */
+  async function reclaim(
+    receiptId: string,
+    from: ReceiptStatus,
+    worker: string,
+    lease?: Lease,
+  ): Promise<number | undefined> {
+    const row = await db
+      .updateTable('tool_receipt')
+      .set((eb) => ({
+        status: 'started',
+        attempt: eb('attempt', '+', 1),
+        worker,
+        error: null,
+        lease_task_id: lease?.taskId ?? null,
+        lease_branch: lease?.branch ?? null,
+        lease_id: lease?.leaseId ?? null,
+        fencing_token: lease?.fencingToken ?? null,
+        started_at: sql<Date>`now()`,
+      }))
+      .where('receipt_id', '=', receiptId)
+      .where('status', '=', from)
+      .returning('attempt')
+      .executeTakeFirst();
+    return row?.attempt;
+  }
+
+  /** Is the worker that left this receipt `started` still alive (its lease current, by the database clock)? */
+  async function ownerAlive(receiptId: string): Promise<boolean> {
+    const { rows } = await sql<{ alive: boolean }>`
+      SELECT CASE
+               WHEN r.lease_id IS NULL THEN r.started_at > now() - make_interval(secs => ${abandonAfterMs / 1000})
+               ELSE EXISTS (SELECT 1 FROM task_lease l
+                             WHERE l.task_id = r.lease_task_id AND l.branch = r.lease_branch
+                               AND l.lease_id = r.lease_id AND l.holder IS NOT NULL AND l.expires_at > now())
+             END AS alive
+        FROM tool_receipt r WHERE r.receipt_id = ${receiptId}::uuid
+    `.execute(db);
+    return rows[0]?.alive ?? false;
+  }
+
+  async function resolveUncertain<T>(
+    input: RunOnceInput<T>,
+    row: ReceiptRow,
+    worker: string,
+  ): Promise<RunOnceResult<T>> {
+    const ref = { receiptId: row.receipt_id, idempotencyKey: row.idempotency_key };
+    log.warn(
+      { task_id: input.taskId, receipt_id: row.receipt_id, policy: input.onUncertain },
+      'uncertain receipt',
+    );
+    if (input.onUncertain === 'retry') {
+      const attempt = await reclaim(row.receipt_id, 'uncertain', worker, input.lease);
+      if (attempt === undefined) return store.runOnce(input); // someone else moved it: look again
+      return execute(input, ref, attempt);
+    }
+    if (input.onUncertain === 'compensate') {
+      const compensation = await store.runOnce({
+        taskId: input.taskId,
+        step: `${input.step}/compensate`,
+        tool: `${input.tool}.compensate`,
+        args: { receipt_id: row.receipt_id },
+        effect: (ctx) => input.compensate!({ ...ctx, idempotencyKey: row.idempotency_key }),
+        onUncertain: 'gate',
+        ...(input.lease ? { lease: input.lease } : {}),
+        ...(input.gate ? { gate: input.gate } : {}),
+      });
+      if (compensation.status !== 'succeeded') {
+        return compensation.status === 'gated'
+          ? { ...ref, status: 'gated' }
+          : (compensation as RunOnceResult<T>);
+      }
+      await db
+        .updateTable('tool_receipt')
+        .set({
+          status: 'compensated',
+          resolution: `compensated by ${compensation.receiptId}`,
+          finished_at: sql<Date>`now()`,
+        })
+        .where('receipt_id', '=', row.receipt_id)
+        .where('status', '=', 'uncertain')
+        .execute();
+      return { ...ref, status: 'compensated', compensationReceiptId: compensation.receiptId };
+    }
+    // gate: wait for a human. The receipt says so, and so does the task's audit log.
+    const gated = await db
+      .updateTable('tool_receipt')
+      .set({ status: 'gated', resolution: 'waiting for a human decision' })
+      .where('receipt_id', '=', row.receipt_id)
+      .where('status', '=', 'uncertain')
+      .returning('receipt_id')
+      .executeTakeFirst();
+    if (gated && input.gate) {
+      const task = await input.gate.store.get(input.taskId);
+      if (task) {
+        await input.gate.store.update({
+          taskId: input.taskId,
+          expectedVersion: task.version,
+          patch: {},
+          actor: input.gate.actor,
+          reason: `human decision required: receipt ${row.receipt_id} (${input.tool} at ${input.step}) is uncertain after its worker died`,
+        });
+      }
+    }
+    return { ...ref, status: 'gated' };
+  }
+
+  const store: ReceiptStore = {
+    async runOnce<T>(input: RunOnceInput<T>): Promise<RunOnceResult<T>> {
+      if (input.onUncertain === 'retry' && !input.idempotentTool) {
+        throw new ValidationError('runOnce', [
+          {
+            path: 'onUncertain',
+            message: `"retry" is only for tools declared idempotent (idempotentTool: true); ${input.tool} is not`,
+            value: 'retry',
+          },
+        ]);
+      }
+      if (input.onUncertain === 'compensate' && !input.compensate) {
+        throw new ValidationError('runOnce', [
+          { path: 'compensate', message: 'is required when onUncertain is "compensate"' },
+        ]);
+      }
+      const key = idempotencyKeyOf(input);
+      const worker = options.worker ?? input.lease?.agentId ?? `${hostname()}:${process.pid}`;
+      for (let round = 0; round < 5; round++) {
+        const created = await insertIntent(input, key, worker);
+        if (created) return execute(input, { receiptId: created, idempotencyKey: key }, 1);
+        const row = await load(key);
+        if (!row) continue; // deleted between insert and read (retention): try again
+        const ref = { receiptId: row.receipt_id, idempotencyKey: key };
+        switch (row.status) {
+          case 'succeeded':
+            return { ...ref, status: 'succeeded', result: row.result as T, ran: false };
+          case 'compensated':
+            return {
+              ...ref,
+              status: 'compensated',
+              compensationReceiptId: row.resolution?.split(' ').pop() ?? '',
+            };
+          case 'gated':
+            return { ...ref, status: 'gated' };
+          case 'failed': {
+            // The effect said it did not happen: trying again is safe.
+            const attempt = await reclaim(row.receipt_id, 'failed', worker, input.lease);
+            if (attempt !== undefined) return execute(input, ref, attempt);
+            continue;
+          }
+          case 'started': {
+            if (await ownerAlive(row.receipt_id))
+              return { ...ref, status: 'in_progress', worker: row.worker };
+            await db
+              .updateTable('tool_receipt')
+              .set({ status: 'uncertain' })
+              .where('receipt_id', '=', row.receipt_id)
+              .where('status', '=', 'started')
+              .where('attempt', '=', row.attempt)
+              .execute();
+            continue;
+          }
+          case 'uncertain':
+            return resolveUncertain(input, row, worker);
+        }
+      }
+      throw new NotFoundError('settled receipt after 5 rounds for key', key);
+    },
+
+    byKey: load,
+
+    async byTask(taskId) {
+      return (await db
+        .selectFrom('tool_receipt')
+        .select(COLUMNS)
+        .where('task_id', '=', taskId)
+        .orderBy('started_at')
+        .execute()) as ReceiptRow[];
+    },
+
+    async resolveGate(receiptId, decision) {
+      const r = await db
+        .updateTable('tool_receipt')
+        .set({
+          status: decision.outcome,
+          resolution: `${decision.actor}: ${decision.reason}`,
+          finished_at: sql<Date>`now()`,
+        })
+        .where('receipt_id', '=', receiptId)
+        .where('status', '=', 'gated')
+        .returning('receipt_id')
+        .executeTakeFirst();
+      if (!r) throw new NotFoundError('gated receipt', receiptId);
+    },
+  };
+  return store;
+}
