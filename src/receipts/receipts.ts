@@ -273,11 +273,20 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
         ...(input.lease ? { lease: input.lease } : {}),
         ...(input.gate ? { gate: input.gate } : {}),
       });
-      if (compensation.status !== 'succeeded') {
-        return compensation.status === 'gated'
-          ? { ...ref, status: 'gated' }
-          : (compensation as RunOnceResult<T>);
+      if (compensation.status === 'gated') {
+        // The compensation itself became uncertain: only a human can tell what happened.
+        await db
+          .updateTable('tool_receipt')
+          .set({
+            status: 'gated',
+            resolution: `compensation ${compensation.receiptId} is uncertain; waiting for a human decision`,
+          })
+          .where('receipt_id', '=', row.receipt_id)
+          .where('status', '=', 'uncertain')
+          .execute();
+        return { ...ref, status: 'gated' };
       }
+      if (compensation.status !== 'succeeded') return compensation as RunOnceResult<T>;
       await db
         .updateTable('tool_receipt')
         .set({

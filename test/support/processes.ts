@@ -1,6 +1,8 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { repoRoot } from '../../scripts/stack/paths.js';
+import { join } from 'node:path';
+import { buildSync } from 'esbuild';
+import { repoRoot, stackDir } from '../../scripts/stack/paths.js';
 
 export interface Child {
   proc: ChildProcess;
@@ -9,9 +11,35 @@ export interface Child {
   output(): string;
 }
 
-/** Starts a TypeScript entry point as a real child process (node + tsx). */
+const bundles = new Map<string, string>();
+
+/**
+ * Bundles a TypeScript entry point once per test file (esbuild, dependencies left external)
+ * so that each child starts as plain node: crash tests start hundreds of processes, and
+ * compiling TypeScript in every one of them (tsx) costs about a second each on 2 cores.
+ */
+function bundle(entry: string): string {
+  let out = bundles.get(entry);
+  if (!out) {
+    out = join(stackDir, 'test-bundles', `${entry.replace(/[^a-zA-Z0-9]/g, '_')}.${process.pid}.mjs`);
+    buildSync({
+      entryPoints: [join(repoRoot, entry)],
+      outfile: out,
+      bundle: true,
+      platform: 'node',
+      format: 'esm',
+      target: 'node20',
+      packages: 'external',
+      logLevel: 'error',
+    });
+    bundles.set(entry, out);
+  }
+  return out;
+}
+
+/** Starts a TypeScript entry point as a real child process. */
 export function spawnTs(name: string, entry: string, env: Record<string, string>): Child {
-  const proc = spawn(process.execPath, ['--import', 'tsx', entry], {
+  const proc = spawn(process.execPath, [bundle(entry)], {
     cwd: repoRoot,
     env: { ...process.env, CAIRN_LOG_LEVEL: 'warn', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
