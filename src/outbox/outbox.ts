@@ -49,6 +49,12 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
       const rows: OutboxRow[] = messages.map((m, i) =>
         prepareMessage(m, i, { ...ctx, schemas, maxPayloadBytes }),
       );
+      if (ctx.fence && !(await holdsFence(trx, ctx.fence))) {
+        throw new LeaseLostError(
+          `outbox: lease ${ctx.fence.taskId}/${ctx.fence.branch} with fencing token ${ctx.fence.fencingToken} ` +
+            'is no longer current; nothing was enqueued',
+        );
+      }
       await trx
         .insertInto('outbox')
         .values(

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { LeaseLostError, ValidationError } from '../../src/errors.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
+import { createOutbox } from '../../src/outbox/outbox.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
@@ -56,6 +57,13 @@ describe('leases with fencing tokens', () => {
       }),
     ).rejects.toThrow(LeaseLostError);
     expect((await store.get('lease-1'))?.version).toBe(1);
+    const outbox = createOutbox();
+    await expect(
+      tdb.db
+        .transaction()
+        .execute((t) => outbox.enqueue(t, [{ topic: 'fenced', key: 'lease-1', payload: {} }], { fence: a })),
+    ).rejects.toThrow(/fencing token 1 is no longer current; nothing was enqueued/);
+    expect(await tdb.db.selectFrom('outbox').select('id').execute()).toEqual([]);
     expect(await leases.renew(a, 5)).toEqual({ ok: false });
     const ok = await store.update({
       taskId: 'lease-1',

@@ -76,8 +76,11 @@ describe('receipts under worker death (real processes, effects counted by an HTT
       .execute();
     const main = receipts.filter((r) => r.step === 'deploy');
     const compensations = receipts.filter((r) => r.step === 'deploy/compensate');
-    const statusCount = (rows: typeof receipts) =>
-      rows.reduce<Record<string, number>>((acc, r) => ({ ...acc, [r.status]: (acc[r.status] ?? 0) + 1 }), {});
+    const statusCount = (rows: typeof receipts) => {
+      const counts: Record<string, number> = {};
+      for (const r of rows) counts[r.status] = (counts[r.status] ?? 0) + 1;
+      return counts;
+    };
     console.log(
       `receipt chaos: ${kills} kills ${JSON.stringify(byPoint)} over ${spawned} workers; deploy receipts ${JSON.stringify(statusCount(main))}; ` +
         `compensations ${JSON.stringify(statusCount(compensations))}; sink calls ${sink.calls}`,
