@@ -3,6 +3,7 @@ import * as m0001 from './0001_task_state.js';
 import * as m0002 from './0002_outbox.js';
 import * as m0003 from './0003_inbox.js';
 import * as m0004 from './0004_leases_receipts.js';
+import * as m0005 from './0005_checkpoints.js';
 
 /**
  * Every migration, in order. Imported statically (not read from the folder) so the same
@@ -14,6 +15,7 @@ export const migrations: Record<string, Migration> = {
   '0002_outbox': m0002,
   '0003_inbox': m0003,
   '0004_leases_receipts': m0004,
+  '0005_checkpoints': m0005,
 };
 
 export const migrationProvider: MigrationProvider = {

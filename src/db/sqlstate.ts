@@ -23,6 +23,7 @@ export const SqlState = {
   identityChanged: 'CN004',
   budgetDecreased: 'CN005',
   auditAppendOnly: 'CN006',
+  checkpointImmutable: 'CN007',
 } as const;
 
 /** Turns an error raised by Cairn's SQL guards into the typed error the code would have thrown. */

@@ -137,7 +137,28 @@ export interface ToolReceiptTable {
   finished_at: Date | null;
 }
 
+export interface CheckpointSnapshotTable {
+  snapshot_id: string;
+  task_id: string;
+  bytes: Buffer;
+  created_at: Generated<Date>;
+}
+
+export interface CheckpointTable {
+  checkpoint_id: string;
+  task_id: string;
+  seq: number;
+  state_version: number;
+  schema_version: string;
+  reason: string;
+  doc: JSONColumnType<Record<string, unknown>>;
+  digest: string;
+  created_at: Generated<Date>;
+}
+
 export interface Database {
+  checkpoint: CheckpointTable;
+  checkpoint_snapshot: CheckpointSnapshotTable;
   task_lease: TaskLeaseTable;
   tool_receipt: ToolReceiptTable;
   inbox: InboxTable;

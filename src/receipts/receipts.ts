@@ -2,12 +2,14 @@ import { createHash, randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import canonicalize from 'canonicalize';
 import { sql } from 'kysely';
+import type { Checkpointer } from '../checkpoints/checkpoints.js';
 import type { Db } from '../db/database.js';
 import type { ReceiptStatus } from '../db/types.js';
 import { LeaseLostError, NotFoundError, ValidationError } from '../errors.js';
 import type { Lease } from '../leases/leases.js';
 import { holdsFence } from '../leases/sql/fenceCheck.js';
 import { type Logger, silentLogger } from '../logger.js';
+import { parseStoredTaskState } from '../state/parseStored.js';
 import type { TaskStore } from '../state/taskStore.js';
 
 export type UncertainPolicy = 'compensate' | 'gate' | 'retry';
@@ -73,12 +75,26 @@ export interface ReceiptStore {
   runOnce<T>(input: RunOnceInput<T>): Promise<RunOnceResult<T>>;
   byKey(idempotencyKey: string): Promise<ReceiptRow | undefined>;
   byTask(taskId: string): Promise<ReceiptRow[]>;
+  /**
+   * For resume: settles every receipt of a task. Succeeded ones are skipped; ones left started
+   * by a dead worker (or uncertain) are compensated when a compensator for their tool is
+   * given, else gated; a running one is reported in progress.
+   */
+  reconcile(
+    taskId: string,
+    opts: {
+      compensators?: Record<string, (ctx: EffectContext) => Promise<unknown>>;
+      gate?: { store: TaskStore; actor: string };
+    },
+  ): Promise<Array<{ receiptId: string; tool: string; step: string; action: ReconcileAction }>>;
   /** A human's decision on a gated receipt: what really happened outside. */
   resolveGate(
     receiptId: string,
     decision: { outcome: 'succeeded' | 'failed'; actor: string; reason: string },
   ): Promise<void>;
 }
+
+export type ReconcileAction = 'skip' | 'may_run' | 'in_progress' | 'compensated' | 'gated' | 'settled';
 
 export interface ReceiptStoreOptions {
   db: Db;
@@ -87,6 +103,8 @@ export interface ReceiptStoreOptions {
   worker?: string;
   /** Without a lease, a `started` receipt older than this (database clock) counts as abandoned. */
   abandonAfterMs?: number;
+  /** Takes a checkpoint in the same transaction as the intent of an irreversible effect. */
+  checkpointer?: Checkpointer;
   /** Crash tests: named points where a worker can be killed. */
   hooks?: { afterIntent?(): void; afterEffect?(): void };
 }
@@ -167,6 +185,20 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
         .onConflict((oc) => oc.column('idempotency_key').doNothing())
         .returning('receipt_id')
         .executeTakeFirst();
+      if (row && input.irreversible && options.checkpointer) {
+        const task = await trx
+          .selectFrom('task_state')
+          .select(['task_id', 'tenant_id', 'version', 'doc'])
+          .where('task_id', '=', input.taskId)
+          .executeTakeFirst();
+        if (task) {
+          await options.checkpointer.take(trx, {
+            state: parseStoredTaskState(task),
+            reason: `before irreversible effect: ${input.tool} at ${input.step} (receipt ${row.receipt_id})`,
+            createdBy: worker,
+          });
+        }
+      }
       return row?.receipt_id;
     });
   }
@@ -383,6 +415,51 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
     },
 
     byKey: load,
+
+    async reconcile(taskId, opts) {
+      const out: Array<{ receiptId: string; tool: string; step: string; action: ReconcileAction }> = [];
+      for (const r of await store.byTask(taskId)) {
+        if (r.step.endsWith('/compensate')) continue; // settled through the receipt it compensates
+        const entry = { receiptId: r.receipt_id, tool: r.tool, step: r.step };
+        if (r.status === 'succeeded') out.push({ ...entry, action: 'skip' });
+        else if (r.status === 'failed') out.push({ ...entry, action: 'may_run' });
+        else if (r.status === 'compensated' || r.status === 'gated')
+          out.push({ ...entry, action: 'settled' });
+        else {
+          if (r.status === 'started') {
+            if (await ownerAlive(r.receipt_id)) {
+              out.push({ ...entry, action: 'in_progress' });
+              continue;
+            }
+            await db
+              .updateTable('tool_receipt')
+              .set({ status: 'uncertain' })
+              .where('receipt_id', '=', r.receipt_id)
+              .where('status', '=', 'started')
+              .execute();
+          }
+          const compensate = opts.compensators?.[r.tool];
+          const settled = await resolveUncertain(
+            {
+              taskId,
+              step: r.step,
+              tool: r.tool,
+              args: null,
+              effect: async () => {
+                throw new Error('reconcile never runs an effect');
+              },
+              onUncertain: compensate ? 'compensate' : 'gate',
+              ...(compensate ? { compensate } : {}),
+              ...(opts.gate ? { gate: opts.gate } : {}),
+            },
+            { ...r, status: 'uncertain' },
+            options.worker ?? `${hostname()}:${process.pid}`,
+          );
+          out.push({ ...entry, action: settled.status === 'compensated' ? 'compensated' : 'gated' });
+        }
+      }
+      return out;
+    },
 
     async byTask(taskId) {
       return (await db

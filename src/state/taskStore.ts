@@ -1,4 +1,6 @@
 import { z } from 'zod';
+import { boundaryOf } from '../checkpoints/boundaries.js';
+import type { Checkpointer, TakeCheckpointInput } from '../checkpoints/checkpoints.js';
 import type { Db } from '../db/database.js';
 import { type Executor, inTransaction, type Trx } from '../db/executor.js';
 import { mapSqlError, SqlState, sqlState } from '../db/sqlstate.js';
@@ -34,6 +36,8 @@ const StoreOptions = z.strictObject({
   cacheSize: z.number().int().nonnegative().default(10_000),
   /** Where messages passed to update() go; a default outbox (no payload schemas) if omitted. */
   outbox: z.custom<Outbox>().optional(),
+  /** Takes checkpoints at semantic boundaries, in the transaction of the change. */
+  checkpointer: z.custom<Checkpointer>().optional(),
 });
 export type TaskStoreOptions = z.input<typeof StoreOptions>;
 
@@ -48,6 +52,12 @@ export interface UpdateInput {
   messages?: readonly OutboxMessageInput[];
   /** The lease this write relies on: refused with LeaseLostError unless its token is still current. */
   fence?: Fence;
+  /**
+   * Take a checkpoint with this change (same transaction). Taken anyway, with a reason of its
+   * own, when the change crosses a boundary (gate passed, artifacts, task ended) and the
+   * store has a checkpointer.
+   */
+  checkpoint?: Partial<Omit<TakeCheckpointInput, 'state'>> & { reason: string };
   /** Join the caller's transaction. */
   trx?: Trx;
 }
@@ -152,6 +162,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
           throw err;
         }
         await insertAudit(t, state, null, actor, reason ?? 'created', diff({}, state));
+        if (o.checkpointer) await o.checkpointer.take(t, { state, reason: 'task created', createdBy: actor });
         log.debug({ task_id: state.task_id, version: 1 }, 'task created');
         remember(state);
         return state;
@@ -210,7 +221,17 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       let messageIds: string[] = [];
       const ctx = { defaultKey: next.task_id, taskVersion: next.version, tenantId: next.tenant_id };
       try {
-        if (input.messages?.length || input.fence) {
+        const boundary = o.checkpointer ? boundaryOf(prev, next, input.reason) : undefined;
+        const checkpoint = input.checkpoint ?? (boundary ? { reason: boundary } : undefined);
+        if (checkpoint && !o.checkpointer) {
+          throw new ValidationError('update', [
+            {
+              path: 'checkpoint',
+              message: 'this task store has no checkpointer (pass one to createTaskStore)',
+            },
+          ]);
+        }
+        if (input.messages?.length || input.fence || checkpoint) {
           // Validate the messages before touching the database; then the fence check, the CAS
           // and the messages in one transaction.
           if (input.messages?.length) outbox.validate(input.messages, ctx);
@@ -223,6 +244,8 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
             }
             if (!(await cas(t))) return false;
             if (input.messages?.length) messageIds = await outbox.enqueue(t, input.messages, ctx);
+            if (checkpoint)
+              await o.checkpointer!.take(t, { createdBy: input.actor, ...checkpoint, state: next });
             return true;
           });
         } else {

@@ -1,0 +1,229 @@
+import { randomUUID } from 'node:crypto';
+import { sql } from 'kysely';
+import type { Db } from '../db/database.js';
+import type { Executor, Trx } from '../db/executor.js';
+import { ValidationError } from '../errors.js';
+import type { TaskState } from '../schemas/taskState.js';
+import { zodIssues } from '../schemas/zodIssues.js';
+import { parseStoredTaskState } from '../state/parseStored.js';
+import { canonicalBytes, sha256 } from './canonical.js';
+import {
+  CHECKPOINT_V1,
+  CHECKPOINT_V2,
+  type Checkpoint,
+  CheckpointV1,
+  CheckpointV2,
+  upcastCheckpointV1,
+} from './schema.js';
+import { assertNoCredentials } from './secrets.js';
+import { type KeyRing, sign, signedBytes, verifySignature } from './signing.js';
+import { createPgSnapshotStore, type SnapshotStore } from './snapshotStore.js';
+
+export interface TakeCheckpointInput {
+  state: TaskState;
+  reason: string;
+  createdBy: string;
+  inputDigest?: string;
+  outputDigest?: string;
+  lastMessageId?: string;
+  delegationHash?: string;
+  policyVersion?: string;
+}
+
+export interface StoredCheckpoint {
+  checkpoint: Checkpoint;
+  seq: number;
+  digest: string;
+}
+
+export type Verification = { ok: true; state: TaskState } | { ok: false; reason: string };
+
+export interface Checkpointer {
+  /** Takes a checkpoint inside `trx`, the transaction of the change that crossed the boundary. */
+  take(trx: Trx, input: TakeCheckpointInput): Promise<Checkpoint>;
+  /** Newest first; v1 documents are upcast. */
+  list(taskId: string): Promise<StoredCheckpoint[]>;
+  /** Digest of the snapshot bytes, signature, and the link to the previous checkpoint. */
+  verify(stored: StoredCheckpoint, previous: StoredCheckpoint | undefined): Promise<Verification>;
+}
+
+export interface CheckpointerOptions {
+  db: Db;
+  snapshots?: SnapshotStore;
+  keyRing?: KeyRing;
+  /** Crash tests: a named point after the checkpoint rows are written, before the transaction commits. */
+  hooks?: { afterInsert?(): void };
+}
+
+export function createCheckpointer(options: CheckpointerOptions): Checkpointer {
+  const { db } = options;
+  const snapshots = options.snapshots ?? createPgSnapshotStore(db);
+
+  async function pendingWork(trx: Executor, taskId: string) {
+    const [messages, leases, receipts] = await Promise.all([
+      trx.selectFrom('outbox').select('message_id').where('key', '=', taskId).orderBy('id').execute(),
+      sql<{ holder: string; lease_id: string }>`
+        SELECT holder, lease_id FROM task_lease WHERE task_id = ${taskId} AND holder IS NOT NULL AND expires_at > now()
+      `.execute(trx),
+      trx
+        .selectFrom('tool_receipt')
+        .select(['receipt_id', 'worker', 'status'])
+        .where('task_id', '=', taskId)
+        .orderBy('started_at')
+        .execute(),
+    ]);
+    return {
+      pending: [
+        ...messages.map((m) => ({ agent_id: 'relay', message_id: m.message_id })),
+        ...leases.rows.map((l) => ({ agent_id: l.holder, lease_id: l.lease_id })),
+        ...receipts
+          .filter((r) => r.status === 'started' || r.status === 'uncertain')
+          .map((r) => ({ agent_id: r.worker, receipt_id: r.receipt_id })),
+      ],
+      receiptIds: receipts.map((r) => r.receipt_id),
+    };
+  }
+
+  function parseDoc(
+    row: { doc: Record<string, unknown>; schema_version: string },
+    snapshotBudget?: TaskState['budget'],
+  ) {
+    if (row.schema_version === CHECKPOINT_V1) {
+      const r = CheckpointV1.safeParse(row.doc);
+      if (!r.success) throw new ValidationError('stored checkpoint (v1)', zodIssues(r.error, row.doc));
+      return upcastCheckpointV1(r.data, snapshotBudget);
+    }
+    const r = CheckpointV2.safeParse(row.doc);
+    if (!r.success) throw new ValidationError('stored checkpoint', zodIssues(r.error, row.doc));
+    return r.data;
+  }
+
+  return {
+    async take(trx, input) {
+      const state = input.state;
+      assertNoCredentials(`checkpoint of task ${state.task_id}`, state);
+      // Serialize checkpoints of one task (the CAS already holds this lock when called from an update).
+      await sql`SELECT 1 FROM task_state WHERE task_id = ${state.task_id} FOR UPDATE`.execute(trx);
+      const prev = await trx
+        .selectFrom('checkpoint')
+        .select(['seq', 'digest'])
+        .where('task_id', '=', state.task_id)
+        .orderBy('seq', 'desc')
+        .limit(1)
+        .executeTakeFirst();
+      const bytes = canonicalBytes(state);
+      const uri = await snapshots.put(trx, state.task_id, bytes);
+      const { pending, receiptIds } = await pendingWork(trx, state.task_id);
+      const { rows } = await sql<{ now: Date }>`SELECT now() AS now`.execute(trx);
+      const unsigned: Checkpoint = {
+        schema_version: CHECKPOINT_V2,
+        checkpoint_id: randomUUID(),
+        task_id: state.task_id,
+        state_version: state.version,
+        created_at: rows[0]!.now.toISOString(),
+        created_by: input.createdBy,
+        reason: input.reason,
+        workflow_definition_digest: state.workflow_digest,
+        input_digest:
+          input.inputDigest ?? sha256(canonicalBytes({ intent_id: state.intent_id, task_id: state.task_id })),
+        ...(input.outputDigest ? { output_digest: input.outputDigest } : {}),
+        state_snapshot_uri: uri,
+        pending_work: pending,
+        tool_receipt_ids: receiptIds,
+        budget_consumed: {
+          currency_usd: state.budget.currency_spent_usd,
+          tokens: state.budget.tokens_spent,
+          hops: state.budget.hops_used,
+        },
+        provenance: {
+          last_message_id: input.lastMessageId ?? null,
+          delegation_hash: input.delegationHash ?? null,
+          policy_version: input.policyVersion ?? null,
+        },
+        integrity: { snapshot_digest: sha256(bytes), previous_checkpoint_digest: prev?.digest ?? null },
+      };
+      const cp = CheckpointV2.parse(
+        options.keyRing
+          ? { ...unsigned, integrity: { ...unsigned.integrity, signature: sign(unsigned, options.keyRing) } }
+          : unsigned,
+      );
+      await trx
+        .insertInto('checkpoint')
+        .values({
+          checkpoint_id: cp.checkpoint_id,
+          task_id: cp.task_id,
+          seq: (prev?.seq ?? 0) + 1,
+          state_version: cp.state_version,
+          schema_version: CHECKPOINT_V2,
+          reason: cp.reason,
+          doc: JSON.stringify(cp),
+          digest: sha256(signedBytes(cp)),
+        })
+        .execute();
+      options.hooks?.afterInsert?.();
+      return cp;
+    },
+
+    async list(taskId) {
+      const rows = await db
+        .selectFrom('checkpoint')
+        .select(['doc', 'schema_version', 'seq', 'digest'])
+        .where('task_id', '=', taskId)
+        .orderBy('seq', 'desc')
+        .execute();
+      const out: StoredCheckpoint[] = [];
+      for (const row of rows) {
+        let budget: TaskState['budget'] | undefined;
+        if (row.schema_version === CHECKPOINT_V1) {
+          const bytes = await snapshots.get(String(row.doc.state_snapshot_uri));
+          if (bytes) budget = readSnapshot(bytes, taskId)?.budget;
+        }
+        out.push({ checkpoint: parseDoc(row, budget), seq: row.seq, digest: row.digest });
+      }
+      return out;
+    },
+
+    async verify(stored, previous) {
+      const cp = stored.checkpoint;
+      const bytes = await snapshots.get(cp.state_snapshot_uri);
+      if (!bytes) return { ok: false, reason: `snapshot ${cp.state_snapshot_uri} is missing` };
+      const actual = sha256(bytes);
+      if (actual !== cp.integrity.snapshot_digest) {
+        return {
+          ok: false,
+          reason: `snapshot digest mismatch: recorded ${cp.integrity.snapshot_digest}, computed ${actual}`,
+        };
+      }
+      if (cp.schema_version === CHECKPOINT_V2 && cp.reason !== 'upcast from oaies.checkpoint.v1') {
+        const sig = verifySignature(cp, options.keyRing);
+        if (!sig.ok) return sig;
+        if (sha256(signedBytes(cp)) !== stored.digest)
+          return { ok: false, reason: 'checkpoint document does not match its recorded digest' };
+        if ((previous?.digest ?? null) !== cp.integrity.previous_checkpoint_digest) {
+          return {
+            ok: false,
+            reason: `broken chain: previous checkpoint digest is ${previous?.digest ?? 'none'}, the checkpoint names ${cp.integrity.previous_checkpoint_digest ?? 'none'}`,
+          };
+        }
+      }
+      const state = readSnapshot(bytes, cp.task_id);
+      if (!state) return { ok: false, reason: 'snapshot is not a valid TaskState' };
+      if (state.version !== cp.state_version) {
+        return {
+          ok: false,
+          reason: `snapshot holds version ${state.version}, the checkpoint says ${cp.state_version}`,
+        };
+      }
+      return { ok: true, state };
+    },
+  };
+}
+
+function readSnapshot(bytes: Buffer, taskId: string): TaskState | undefined {
+  try {
+    const doc = JSON.parse(bytes.toString('utf8')) as Record<string, unknown>;
+    return parseStoredTaskState({ task_id: taskId, tenant_id: String(doc.tenant_id ?? ''), doc });
+  } catch {
+    return undefined;
+  }
+}

@@ -1,0 +1,44 @@
+import { createHmac, timingSafeEqual } from 'node:crypto';
+import { canonicalBytes } from './canonical.js';
+import type { Checkpoint } from './schema.js';
+
+/** Signing keys by id; `current` signs, every key in `keys` verifies (so keys can rotate). */
+export interface KeyRing {
+  current: string;
+  keys: Readonly<Record<string, Buffer>>;
+}
+
+/** The bytes a signature covers: the canonical checkpoint without its signature. */
+export function signedBytes(cp: Checkpoint): Buffer {
+  const { signature: _s, ...integrity } = cp.integrity;
+  return canonicalBytes({ ...cp, integrity });
+}
+
+export function sign(cp: Checkpoint, ring: KeyRing): NonNullable<Checkpoint['integrity']['signature']> {
+  const key = ring.keys[ring.current];
+  if (!key) throw new Error(`signing key ${ring.current} is not in the key ring`);
+  return {
+    alg: 'HMAC-SHA256',
+    key_id: ring.current,
+    value: createHmac('sha256', key).update(signedBytes(cp)).digest('base64url'),
+  };
+}
+
+export function verifySignature(
+  cp: Checkpoint,
+  ring: KeyRing | undefined,
+): { ok: true } | { ok: false; reason: string } {
+  const sig = cp.integrity.signature;
+  if (!sig)
+    return ring
+      ? { ok: false, reason: 'checkpoint is not signed but a key ring is configured' }
+      : { ok: true };
+  if (!ring) return { ok: true };
+  const key = ring.keys[sig.key_id];
+  if (!key) return { ok: false, reason: `signature key ${sig.key_id} is not in the current key ring` };
+  const expected = createHmac('sha256', key).update(signedBytes(cp)).digest();
+  const got = Buffer.from(sig.value, 'base64url');
+  return got.length === expected.length && timingSafeEqual(got, expected)
+    ? { ok: true }
+    : { ok: false, reason: `signature does not match (key ${sig.key_id})` };
+}

@@ -1,0 +1,176 @@
+import { canonicalBytes, sha256 } from '../checkpoints/canonical.js';
+import type { Checkpointer, StoredCheckpoint } from '../checkpoints/checkpoints.js';
+import type { Db } from '../db/database.js';
+import { CairnError, LeaseHeldError, NotFoundError } from '../errors.js';
+import type { Lease, LeaseManager } from '../leases/leases.js';
+import type { EffectContext, ReceiptStore, ReconcileAction } from '../receipts/receipts.js';
+import type { TaskState } from '../schemas/taskState.js';
+import type { TaskStore } from '../state/taskStore.js';
+import { isTerminal } from '../state/transitions.js';
+
+/** What the current policy says, read fresh at every resume: never taken from a checkpoint. */
+export interface Policy {
+  version: string;
+  allowed: boolean;
+  /** The most this task may have committed, in USD. */
+  budgetLimitUsd: number;
+}
+
+export interface ResumeOptions {
+  db: Db;
+  store: TaskStore;
+  checkpoints: Checkpointer;
+  receipts: ReceiptStore;
+  leases: LeaseManager;
+  /** The workflow definition the resuming agent runs; its canonical sha256 must match the checkpoint's. */
+  workflowDefinition: unknown;
+  /** Other digests declared compatible with this definition (for example after a cosmetic change). */
+  compatibleDigests?: readonly string[];
+  policy: () => Promise<Policy>;
+  /** SPIFFE ID written on the audit rows resume causes. */
+  actor: string;
+  agentId: string;
+  leaseTtlSeconds?: number;
+  branch?: string;
+  compensators?: Record<string, (ctx: EffectContext) => Promise<unknown>>;
+}
+
+export interface ResumePlan {
+  taskId: string;
+  outcome: 'resumed' | 'failed' | 'terminal';
+  checkpointId?: string;
+  /** Newer checkpoints that failed verification, with why; each was written to the audit log. */
+  skipped: Array<{ checkpointId: string; reason: string }>;
+  policyVersion?: string;
+  budget?: { committedBefore: number; committedAfter: number; limit: number };
+  receipts: Array<{ receiptId: string; tool: string; step: string; action: ReconcileAction }>;
+  pendingMessages: Array<{ messageId: string; state: 'queued' | 'published' }>;
+  lease?: Lease;
+  state: TaskState;
+}
+
+export function workflowDigestOf(definition: unknown): string {
+  return sha256(canonicalBytes(definition));
+}
+
+/**
+ * Resumes a task after its worker died: verify the newest checkpoint (falling back to older
+ * ones, audited), check the workflow definition, re-authorize against the current policy and
+ * re-reserve budget under it, settle side effects from receipts, reacquire the lease, and
+ * report where the pending messages are. The task continues from its last committed
+ * transition; the checkpoint is what that transition is verified against.
+ */
+export async function resume(taskId: string, o: ResumeOptions): Promise<ResumePlan> {
+  let state = await o.store.get(taskId);
+  if (!state) throw new NotFoundError('task', taskId);
+  if (isTerminal(state.status)) {
+    return { taskId, outcome: 'terminal', skipped: [], receipts: [], pendingMessages: [], state };
+  }
+
+  // 1. The newest checkpoint that verifies.
+  const all = await o.checkpoints.list(taskId);
+  const skipped: ResumePlan['skipped'] = [];
+  let chosen: StoredCheckpoint | undefined;
+  for (let i = 0; i < all.length; i++) {
+    const v = await o.checkpoints.verify(all[i]!, all[i + 1]);
+    if (v.ok) {
+      chosen = all[i];
+      break;
+    }
+    skipped.push({ checkpointId: all[i]!.checkpoint.checkpoint_id, reason: v.reason });
+  }
+  const audit = async (patch: object, reason: string) => {
+    const r = await o.store.update({
+      taskId,
+      expectedVersion: state!.version,
+      patch,
+      actor: o.actor,
+      reason,
+    });
+    if (!r.ok) throw r.error;
+    state = r.state;
+  };
+  for (const s of skipped) {
+    await audit({}, `resume: checkpoint ${s.checkpointId} failed verification (${s.reason}); falling back`);
+  }
+  if (!chosen) {
+    await audit(
+      { status: 'failed' },
+      `resume: no valid checkpoint (${all.length === 0 ? 'none taken' : `${all.length} failed verification`}); task failed`,
+    );
+    return { taskId, outcome: 'failed', skipped, receipts: [], pendingMessages: [], state };
+  }
+  const cp = chosen.checkpoint;
+
+  // 2. The workflow must be the one the checkpoint was taken under.
+  const current = workflowDigestOf(o.workflowDefinition);
+  if (
+    cp.workflow_definition_digest &&
+    cp.workflow_definition_digest !== current &&
+    !o.compatibleDigests?.includes(cp.workflow_definition_digest)
+  ) {
+    throw new CairnError(
+      'workflow_mismatch',
+      `task ${taskId}: checkpoint ${cp.checkpoint_id} was taken under workflow ${cp.workflow_definition_digest}, ` +
+        `the current definition is ${current}; declare it compatible or resume with the matching definition`,
+    );
+  }
+
+  // 3. Re-authorize: current policy, budget re-reserved under its limit (never restored from the checkpoint).
+  const policy = await o.policy();
+  if (!policy.allowed) {
+    throw new CairnError(
+      'not_authorized',
+      `task ${taskId}: policy ${policy.version} does not allow resuming it`,
+    );
+  }
+  const committedBefore = state.budget.currency_committed_usd;
+  const committedAfter = Math.max(
+    state.budget.currency_spent_usd,
+    Math.min(committedBefore, policy.budgetLimitUsd),
+  );
+  if (committedAfter !== committedBefore) {
+    await audit(
+      { budget: { currency_committed_usd: committedAfter } },
+      `resume: budget re-reserved under policy ${policy.version} (limit ${policy.budgetLimitUsd} USD)`,
+    );
+  }
+
+  // 4. Side effects, from receipts.
+  const receipts = await o.receipts.reconcile(taskId, {
+    ...(o.compensators ? { compensators: o.compensators } : {}),
+    gate: { store: o.store, actor: o.actor },
+  });
+  state = (await o.store.get(taskId))!;
+
+  // 5. The lease, then where the pending messages are (same ids: inboxes drop any already applied).
+  const got = await o.leases.acquire({
+    taskId,
+    branch: o.branch ?? 'main',
+    agentId: o.agentId,
+    ttlSeconds: o.leaseTtlSeconds ?? 30,
+  });
+  if (!got.ok)
+    throw new LeaseHeldError(got.holder, got.expiresAt, `task ${taskId} (a live worker still runs it)`);
+  const { ok: _ok, ...lease } = got;
+  const wanted = cp.pending_work.flatMap((p) => (p.message_id ? [p.message_id] : []));
+  const queued = new Set(
+    wanted.length === 0
+      ? []
+      : (
+          await o.db.selectFrom('outbox').select('message_id').where('message_id', 'in', wanted).execute()
+        ).map((r) => r.message_id),
+  );
+  return {
+    taskId,
+    outcome: 'resumed',
+    checkpointId: cp.checkpoint_id,
+    skipped,
+    policyVersion: policy.version,
+    budget: { committedBefore, committedAfter, limit: policy.budgetLimitUsd },
+    receipts,
+    pendingMessages: wanted.map((id) => ({ messageId: id, state: queued.has(id) ? 'queued' : 'published' })),
+    lease,
+    state,
+  };
+}
