@@ -3,6 +3,7 @@
 import { parseArgs } from 'node:util';
 import { CairnError } from '../errors.js';
 import { inboxCommand } from './inbox.js';
+import { checkpointCommand, taskCommand } from './inspect.js';
 import { migrateCommand } from './migrate.js';
 import { outboxCommand } from './outbox.js';
 import { stateCommand } from './state.js';
@@ -12,6 +13,8 @@ const commands: Record<string, (argv: string[]) => Promise<number>> = {
   state: stateCommand,
   outbox: outboxCommand,
   inbox: inboxCommand,
+  task: taskCommand,
+  checkpoint: checkpointCommand,
   relay: async () => (await import('../../relay/main.js')).runRelayProcess(),
 };
 
@@ -27,6 +30,8 @@ commands:
   inbox dlq [--group G]                        dead letters
   inbox replay <message_id> --group G          send a dead letter back to its topic
   inbox prune [--older-than-hours 168]         delete old inbox rows in batches
+  task show|history <id> [--json]              state and timeline from the audit log
+  checkpoint list|verify <task> [--json]       checkpoints; verify checks digest, signature, chain
   state upgrade      rewrite tasks stored under an older schema as oaies.task-state.v2 (through CAS)
 
 environment:

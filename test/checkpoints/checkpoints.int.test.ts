@@ -1,5 +1,8 @@
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { repoRoot } from '../../scripts/stack/paths.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import type { KeyRing } from '../../src/checkpoints/signing.js';
 import type { Db } from '../../src/db/database.js';
@@ -12,6 +15,7 @@ import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
+const run = promisify(execFile);
 const WORKFLOW = { name: 'ship-feature', steps: ['plan', 'implement', 'review', 'test', 'deploy'] };
 const WORKFLOW_DIGEST = workflowDigestOf(WORKFLOW);
 const ring: KeyRing = {
@@ -251,5 +255,35 @@ describe('resume', () => {
         actor: AGENT,
       }),
     ).rejects.toThrow(/budget\.currency_spent_usd: must not exceed currency_committed_usd \(60\)/);
+  });
+});
+
+describe('operator view', () => {
+  it('`cairn checkpoint verify` flags the corrupt ones (exit 1); `cairn task show` prints the timeline', async () => {
+    const env = {
+      ...process.env,
+      DATABASE_URL: tdb.url,
+      CAIRN_CHECKPOINT_KEYS: 'k2:current signing key,k1:old signing key',
+    };
+    const verify = await run('npx', ['tsx', 'src/cli/main.ts', 'checkpoint', 'verify', 'cp-corrupt'], {
+      cwd: repoRoot,
+      env,
+    }).then(
+      () => ({ code: 0, stdout: '' }),
+      (e: { code: number; stdout: string }) => e,
+    );
+    expect(verify.code).toBe(1);
+    expect(verify.stdout).toMatch(/#3 {2}CORRUPT \(snapshot digest mismatch/);
+    expect(verify.stdout).toMatch(/#2 {2}CORRUPT \(signature does not match \(key k2\)\)/);
+    const ok = await run('npx', ['tsx', 'src/cli/main.ts', 'checkpoint', 'verify', 'cp-1'], {
+      cwd: repoRoot,
+      env,
+    });
+    expect(ok.stdout.split('\n').filter((l) => l.includes(' ok '))).toHaveLength(3);
+    const show = await run('npx', ['tsx', 'src/cli/main.ts', 'task', 'show', 'cp-1'], { cwd: repoRoot, env });
+    expect(show.stdout).toContain('cp-1 (tenant acme) v4 implementing');
+    expect(show.stdout).toMatch(
+      /v2 .* spiffe:\/\/acme\.example\/agents\/planner .*\[replace \/status, replace \/gates\/plan_approved\]/,
+    );
   });
 });
