@@ -46,7 +46,11 @@ export interface InboxConsumerOptions {
   retentionMs?: number;
   pruneEveryMs?: number;
   /** Test hooks at named points; a crash test SIGKILLs the process from here. */
-  hooks?: { afterDbCommit?(commits: number): void };
+  hooks?: {
+    afterDbCommit?(commits: number): void;
+    /** After each committed transaction: what it applied and what it dropped as duplicate or stale. */
+    onCommitted?(counts: { applied: number; duplicates: number; stale: number }): void;
+  };
 }
 
 export interface InboxStats {
@@ -128,6 +132,7 @@ export function createInboxConsumer(options: InboxConsumerOptions): InboxConsume
   }
 
   function addCounts(c: { applied: number; duplicates: number; stale: number }): void {
+    options.hooks?.onCommitted?.(c);
     stats.applied += c.applied;
     stats.duplicates += c.duplicates;
     stats.stale += c.stale;

@@ -1,0 +1,316 @@
+/**
+ * `npm run demo -- [--tasks 100] [--chaos off|low|high] [--seed 1] [--timeout 170] [--work-ms 300]`
+ *
+ * Agents that crash, retry and receive duplicates, and a workflow that still ends right:
+ * the relay and four agents (planner, coder, reviewer, tester) run as separate processes;
+ * the demo kills them at random (and, on high, the broker and Postgres sessions), restarts
+ * them, injects duplicate deliveries, and at the end checks the outcome from the database
+ * and the deploy sink. The last line is a JSON summary; the exit code is 1 on any violation.
+ */
+import { parseArgs } from 'node:util';
+import { Partitioners } from 'kafkajs';
+import { sql } from 'kysely';
+import pg from 'pg';
+import { createDb } from '../src/db/database.js';
+import { migrateToLatest } from '../src/db/migrate.js';
+import { kafkaClient } from '../src/kafka/publisher.js';
+import { createOutbox } from '../src/outbox/outbox.js';
+import { workflowDigestOf } from '../src/recovery/resume.js';
+import { createTaskStore } from '../src/state/taskStore.js';
+import { verifyDemo } from './demo/verify.js';
+import { ROLES, type Role, topicOf, WORKFLOW_DEFINITION } from './demo/workflow.js';
+import { startSink } from './lib/effectSink.js';
+import { type Child, sigkill, sigterm, spawnTs } from './lib/spawnTs.js';
+import { startLocalKafka, stopLocalKafka } from './stack/kafka.js';
+import { resolveStack } from './stack/resolve.js';
+
+const { values } = parseArgs({
+  options: {
+    tasks: { type: 'string', default: '100' },
+    chaos: { type: 'string', default: 'low' },
+    seed: { type: 'string', default: '1' },
+    timeout: { type: 'string', default: '170' },
+    'work-ms': { type: 'string', default: '300' },
+    database: { type: 'string', default: 'cairn_demo' },
+  },
+});
+const TASKS = Number(values.tasks);
+const CHAOS = values.chaos as 'off' | 'low' | 'high';
+const TIMEOUT_S = Number(values.timeout);
+if (!(TASKS > 0) || !['off', 'low', 'high'].includes(CHAOS) || !(TIMEOUT_S > 0)) {
+  console.error(
+    `demo: --tasks must be > 0 (got ${values.tasks}), --chaos off|low|high (got ${values.chaos}), --timeout > 0`,
+  );
+  process.exit(2);
+}
+let seed = Number(values.seed) || 1;
+const rand = () => {
+  seed = (seed * 1103515245 + 12345) % 2 ** 31;
+  return seed / 2 ** 31;
+};
+const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
+const log = (line: string) => process.stderr.write(`${line}\n`);
+
+// --- stack, database, sink -------------------------------------------------------------
+const stack = await resolveStack((l) => log(`[stack] ${l}`));
+const dbName = values.database!;
+if (!/^[a-z_][a-z0-9_]{0,62}$/.test(dbName)) {
+  console.error(`demo: --database must be a plain lower-case name (got ${dbName})`);
+  process.exit(2);
+}
+{
+  const admin = new pg.Client({ connectionString: stack.databaseUrl });
+  await admin.connect();
+  await admin.query(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`);
+  await admin.query(`CREATE DATABASE ${dbName}`);
+  await admin.end();
+}
+const url = new URL(stack.databaseUrl);
+url.pathname = `/${dbName}`;
+const databaseUrl = url.toString();
+const db = createDb({ connectionString: databaseUrl, max: 6, applicationName: 'cairn-demo-orchestrator' });
+await migrateToLatest(db);
+await sql`CREATE TABLE demo_event (kind text NOT NULL, n int NOT NULL, at timestamptz NOT NULL DEFAULT now())`.execute(
+  db,
+);
+const sink = await startSink();
+const run = `${values.seed}-${Date.now().toString(36)}`;
+const kafka = kafkaClient(stack.kafkaBrokers.split(','), 'cairn-demo');
+const admin = kafka.admin();
+await admin.connect();
+await admin.createTopics({
+  topics: ['planning', 'implementing', 'reviewing', 'testing'].map((s) => ({
+    topic: topicOf(run, s),
+    numPartitions: 3,
+  })),
+  waitForLeaders: true,
+});
+await admin.disconnect();
+
+// --- processes ---------------------------------------------------------------------------
+const env = {
+  DATABASE_URL: databaseUrl,
+  KAFKA_BROKERS: stack.kafkaBrokers,
+  DEMO_RUN: run,
+  SINK_URL: sink.url,
+  CAIRN_RELAY_LEASE_TTL_MS: '2000',
+  CAIRN_RELAY_MAX_IDLE_MS: '50',
+  DEMO_WORK_MS: String(Number(values['work-ms']) || 0),
+};
+const procs = new Map<string, Child>();
+const start = (name: string) => {
+  const entry = name === 'relay' ? 'relay/main.ts' : 'scripts/demo/agent.ts';
+  procs.set(
+    name,
+    spawnTs(name, entry, { ...env, DEMO_ROLE: name, CAIRN_RELAY_INSTANCE: `demo-relay-${Date.now()}` }),
+  );
+};
+const names = ['relay', ...(Object.keys(ROLES) as Role[])];
+for (const n of names) start(n);
+
+// --- tasks -------------------------------------------------------------------------------
+const store = createTaskStore({ db });
+const outbox = createOutbox();
+for (let i = 0; i < TASKS; i++) {
+  const taskId = `demo-${String(i).padStart(4, '0')}`;
+  await db.transaction().execute(async (trx) => {
+    await store.create({
+      task: {
+        tenant_id: 'demo',
+        task_id: taskId,
+        workflow_digest: workflowDigestOf(WORKFLOW_DEFINITION),
+        intent_id: `intent-${i}`,
+        budget: { currency_committed_usd: 5, currency_spent_usd: 0, tokens_spent: 0, hops_used: 0 },
+      },
+      actor: 'spiffe://demo.cairn.local/orchestrator',
+      trx,
+    });
+    await outbox.enqueue(
+      trx,
+      [{ topic: topicOf(run, 'planning'), key: taskId, payload: { task: taskId, stage: 'planning' } }],
+      {
+        taskVersion: 1,
+      },
+    );
+  });
+}
+
+// --- chaos -------------------------------------------------------------------------------
+let crashes = 0;
+let restarts = 0;
+let duplicatesInjected = 0;
+let backendsKilled = 0;
+let brokerRestarts = 0;
+let chaosOn = CHAOS !== 'off';
+const canRestartBroker = stack.source.kafka.startsWith('local');
+const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
+await producer.connect();
+
+/** Re-sends an already-published message (same message id) as a relay crash would. */
+async function injectDuplicates(count: number): Promise<void> {
+  const consumer = kafka.consumer({ groupId: `demo-${run}-tap-${Date.now()}`, maxWaitTimeInMs: 100 });
+  const seen: Array<{
+    topic: string;
+    key: Buffer | null;
+    value: Buffer | null;
+    headers: Record<string, string>;
+  }> = [];
+  await consumer.connect();
+  await consumer.subscribe({
+    topics: ['planning', 'implementing', 'reviewing', 'testing'].map((s) => topicOf(run, s)),
+    fromBeginning: true,
+  });
+  await new Promise<void>((resolve) => {
+    const t = setTimeout(resolve, 1500);
+    void consumer.run({
+      eachMessage: async ({ topic, message }) => {
+        const headers: Record<string, string> = {};
+        for (const [k, v] of Object.entries(message.headers ?? {})) headers[k] = String(v);
+        seen.push({ topic, key: message.key, value: message.value, headers });
+        if (seen.length >= 200) {
+          clearTimeout(t);
+          resolve();
+        }
+      },
+    });
+  });
+  await consumer.disconnect();
+  if (seen.length === 0) return;
+  const picks = Array.from({ length: count }, () => pick(seen));
+  for (const m of picks) {
+    await producer
+      .send({ topic: m.topic, messages: [{ key: m.key, value: m.value, headers: m.headers }] })
+      .catch(() => {});
+  }
+  duplicatesInjected += picks.length;
+}
+
+// Faults in a fixed rotation (victims and counts drawn from the seed), so every kind happens.
+const ROTATION = {
+  low: ['kill', 'duplicate', 'kill'],
+  high: ['kill', 'duplicate', 'kill', 'pg', 'kill', 'duplicate', 'broker', 'kill', 'pg'],
+} as const;
+let step = 0;
+
+async function chaosStep(): Promise<void> {
+  if (CHAOS === 'off') return;
+  const rotation = ROTATION[CHAOS];
+  const kind = rotation[step++ % rotation.length];
+  if (kind === 'kill') {
+    const victim = pick(names);
+    await sigkill(procs.get(victim)!);
+    crashes++;
+    start(victim);
+    restarts++;
+  } else if (kind === 'duplicate') {
+    await injectDuplicates(CHAOS === 'high' ? 5 : 2);
+  } else if (kind === 'pg') {
+    const r = await sql<{ n: number }>`
+      SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity
+       WHERE application_name LIKE 'cairn-demo-%' AND application_name <> 'cairn-demo-orchestrator' AND pid <> pg_backend_pid()`.execute(
+      db,
+    );
+    backendsKilled += r.rows[0]!.n;
+  } else if (kind === 'broker' && canRestartBroker && brokerRestarts === 0) {
+    brokerRestarts++;
+    await stopLocalKafka({ graceMs: 10_000 });
+    await new Promise((r) => setTimeout(r, 2000));
+    await startLocalKafka(() => {});
+  }
+}
+
+const chaosLoop = (async () => {
+  const every = CHAOS === 'high' ? 800 : 2000;
+  while (chaosOn) {
+    await new Promise((r) => setTimeout(r, every));
+    if (chaosOn) await chaosStep().catch((e: Error) => log(`[chaos] ${e.message}`));
+  }
+})();
+
+// --- progress ------------------------------------------------------------------------------
+const startedAt = Date.now();
+const tty = process.stderr.isTTY;
+let lastLine = 0;
+let statuses: Record<string, number> = {};
+for (;;) {
+  const rows = await sql<{
+    status: string;
+    n: number;
+  }>`SELECT status, count(*)::int AS n FROM task_state GROUP BY status`
+    .execute(db)
+    .catch(() => ({ rows: [] as Array<{ status: string; n: number }> }));
+  statuses = Object.fromEntries(rows.rows.map((r) => [r.status, r.n]));
+  const backlog = await sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox`
+    .execute(db)
+    .catch(() => ({ rows: [{ n: -1 }] }));
+  const dups = await sql<{
+    n: number;
+  }>`SELECT coalesce(sum(n), 0)::int AS n FROM demo_event WHERE kind = 'duplicate_dropped'`
+    .execute(db)
+    .catch(() => ({ rows: [{ n: 0 }] }));
+  const elapsed = (Date.now() - startedAt) / 1000;
+  const done = statuses.complete ?? 0;
+  const bar = '#'.repeat(Math.round((done / TASKS) * 20)).padEnd(20, '.');
+  const line =
+    `[${bar}] ${done}/${TASKS} complete | ` +
+    ['planning', 'implementing', 'reviewing', 'testing']
+      .map((s) => `${s.slice(0, 4)} ${statuses[s] ?? 0}`)
+      .join(' ') +
+    ` | outbox ${backlog.rows[0]!.n} | deploys ${sink.applied.size} | crashes ${crashes} dup-injected ${duplicatesInjected} ` +
+    `dup-dropped ${dups.rows[0]!.n}${backendsKilled ? ` pg-killed ${backendsKilled}` : ''}${brokerRestarts ? ' broker-restarted' : ''} | ${elapsed.toFixed(0)}s`;
+  if (tty) process.stderr.write(`\r${line.padEnd(150)}`);
+  else if (Date.now() - lastLine > 5000) {
+    log(line);
+    lastLine = Date.now();
+  }
+  const terminal = ['complete', 'failed', 'cancelled', 'expired'].reduce((n, s) => n + (statuses[s] ?? 0), 0);
+  if (terminal >= TASKS && backlog.rows[0]!.n === 0) break;
+  if (elapsed > TIMEOUT_S) {
+    log(`\n[demo] timeout after ${TIMEOUT_S}s`);
+    break;
+  }
+  // Stop injecting faults near the end so the run can settle.
+  if (chaosOn && done >= TASKS * 0.9) chaosOn = false;
+  await new Promise((r) => setTimeout(r, 1000));
+}
+if (tty) process.stderr.write('\n');
+chaosOn = false;
+await chaosLoop;
+await new Promise((r) => setTimeout(r, 1000)); // let in-flight duplicates land
+
+// --- verify --------------------------------------------------------------------------------
+for (const c of procs.values()) await sigterm(c, 5000);
+await producer.disconnect();
+const checks = await verifyDemo(db, sink, TASKS);
+const dups = await sql<{
+  n: number;
+}>`SELECT coalesce(sum(n), 0)::int AS n FROM demo_event WHERE kind = 'duplicate_dropped'`.execute(db);
+const violations = checks.reduce((n, c) => n + c.violations, 0);
+console.log('');
+console.log(`${'check'.padEnd(42)} ${'expected'.padEnd(16)} ${'actual'.padEnd(22)} result`);
+for (const c of checks) {
+  console.log(
+    `${c.name.padEnd(42)} ${c.expected.padEnd(16)} ${c.actual.padEnd(22)} ${c.violations === 0 ? 'ok' : `VIOLATION x${c.violations}`}`,
+  );
+}
+const summary = {
+  demo: true,
+  tasks: TASKS,
+  complete: statuses.complete ?? 0,
+  violations,
+  crashes_injected: crashes,
+  restarts,
+  duplicates_injected: duplicatesInjected,
+  duplicates_dropped: dups.rows[0]!.n,
+  backends_killed: backendsKilled,
+  broker_restarts: brokerRestarts,
+  deploys_executed: [...sink.applied.values()].reduce((a, b) => a + b, 0),
+  seconds: Math.round((Date.now() - startedAt) / 1000),
+  chaos: CHAOS,
+  seed: Number(values.seed),
+};
+await sink.close();
+await db.destroy();
+await stack.stop();
+console.log(JSON.stringify(summary));
+process.exit(violations === 0 ? 0 : 1);

@@ -1,0 +1,145 @@
+/**
+ * One demo agent process (planner, coder, reviewer or tester): an inbox consumer on its
+ * stage's topic that advances tasks through the TaskState machine, flips gates, records
+ * artifacts (checkpoints are taken at those boundaries), and, for the tester, runs the one
+ * irreversible deploy per task through a receipt against the sink.
+ *
+ * Environment: DATABASE_URL, KAFKA_BROKERS, DEMO_RUN, DEMO_ROLE, SINK_URL.
+ */
+import { sql } from 'kysely';
+import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
+import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
+import { createDb } from '../../src/db/database.js';
+import { CairnError } from '../../src/errors.js';
+import { createKafkaPublisher } from '../../src/kafka/publisher.js';
+import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
+import { createLeaseManager } from '../../src/leases/leases.js';
+import { createLogger } from '../../src/logger.js';
+import { createReceiptStore } from '../../src/receipts/receipts.js';
+import type { TaskPatch } from '../../src/schemas/taskPatch.js';
+import type { TaskStatus } from '../../src/schemas/taskState.js';
+import { createTaskStore } from '../../src/state/taskStore.js';
+import { ROLES, type Role, topicOf } from './workflow.js';
+
+const run = process.env.DEMO_RUN!;
+const role = process.env.DEMO_ROLE as Role;
+const brokers = process.env.KAFKA_BROKERS!.split(',');
+const sink = process.env.SINK_URL!;
+const workMs = Number(process.env.DEMO_WORK_MS ?? 300);
+const spec = ROLES[role];
+const actor = `spiffe://demo.cairn.local/agents/${role}`;
+const logger = createLogger({ name: `demo-${role}`, level: 'warn' });
+
+const db = createDb({
+  connectionString: process.env.DATABASE_URL!,
+  max: 4,
+  applicationName: `cairn-demo-${role}`,
+});
+const checkpointer = createCheckpointer({ db });
+const store = createTaskStore({ db, checkpointer, logger });
+const leases = createLeaseManager({ db });
+const receipts = createReceiptStore({ db, checkpointer, worker: `${role}:${process.pid}` });
+
+/** A stale read or a held lease: try again shortly (the inbox retries, then redelivers). */
+const retryLater = (message: string) => new CairnError('retry_later', message, { retriable: true });
+
+async function deploy(taskId: string): Promise<void> {
+  const lease = await leases.acquire({
+    taskId,
+    branch: 'deploy',
+    agentId: `${role}:${process.pid}`,
+    ttlSeconds: 2,
+  });
+  if (!lease.ok) throw retryLater(`deploy lease of ${taskId} is held by ${lease.holder}`);
+  try {
+    const r = await receipts.runOnce({
+      taskId,
+      step: 'deploy',
+      tool: 'deployer',
+      args: { task: taskId, env: 'demo' },
+      lease,
+      irreversible: true,
+      // The sink is an idempotent API (it dedupes by key): a retry after a crash is safe.
+      onUncertain: 'retry',
+      idempotentTool: true,
+      effect: async ({ idempotencyKey }) => {
+        const res = await fetch(`${sink}/apply?op=${encodeURIComponent(taskId)}`, {
+          method: 'POST',
+          headers: { 'idempotency-key': idempotencyKey },
+        });
+        if (!res.ok) throw new Error(`deploy sink answered ${res.status}`);
+        return res.json();
+      },
+    });
+    if (r.status !== 'succeeded') throw retryLater(`deploy of ${taskId} is ${r.status}`);
+  } finally {
+    await leases.release(lease).catch(() => {});
+  }
+}
+
+const consumer = createInboxConsumer({
+  db,
+  groupId: `demo-${run}-${role}`,
+  subscriber: createKafkaSubscriber({
+    brokers,
+    groupId: `demo-${run}-${role}`,
+    topics: [topicOf(run, spec.from)],
+    sessionTimeoutMs: 3000,
+  }),
+  dlqPublisher: createKafkaPublisher({ brokers }),
+  logger,
+  chunkSize: 5,
+  maxAttempts: 20,
+  retryBaseMs: 50,
+  refuseStaleVersions: false,
+  hooks: {
+    onCommitted: (c) => {
+      if (c.duplicates > 0) {
+        void sql`INSERT INTO demo_event (kind, n) VALUES ('duplicate_dropped', ${c.duplicates})`
+          .execute(db)
+          .catch(() => {});
+      }
+    },
+  },
+  handler: async (trx, m) => {
+    const taskId = m.key!;
+    const task = await store.get(taskId, { trx });
+    if (!task) throw new Error(`task ${taskId} does not exist`);
+    if (task.status !== spec.from) return; // already past this stage: a redelivery, nothing to do
+    // The agent's own work (a model call, tools): simulated, 0.5x to 1.5x DEMO_WORK_MS.
+    await new Promise((r) => setTimeout(r, workMs * (0.5 + Math.random())));
+    if (role === 'tester') await deploy(taskId);
+    const patch: TaskPatch = {
+      status: spec.to as TaskStatus,
+      gates: spec.gates,
+      artifacts: spec.artifacts(taskId),
+      active_agents: [role],
+      completed_agents: [...task.completed_agents, role],
+      budget: {
+        currency_spent_usd: task.budget.currency_spent_usd + 0.25,
+        tokens_spent: task.budget.tokens_spent + 1000,
+        hops_used: task.budget.hops_used + 1,
+      },
+    };
+    const r = await store.update({
+      taskId,
+      expectedVersion: task.version,
+      patch,
+      actor,
+      reason: `${role} finished ${spec.from}`,
+      trx,
+      ...(spec.to === 'complete'
+        ? {}
+        : { messages: [{ topic: topicOf(run, spec.to), payload: { task: taskId, stage: spec.to } }] }),
+    });
+    if (!r.ok) throw retryLater(r.error.message);
+  },
+});
+
+process.once('SIGTERM', () => {
+  void consumer
+    .stop()
+    .then(() => db.destroy())
+    .then(() => process.exit(0));
+});
+await consumer.run();

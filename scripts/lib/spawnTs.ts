@@ -1,0 +1,69 @@
+import { type ChildProcess, spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { join } from 'node:path';
+import { buildSync } from 'esbuild';
+import { repoRoot, stackDir } from '../stack/paths.js';
+
+export interface Child {
+  proc: ChildProcess;
+  name: string;
+  exited: Promise<number | null>;
+  output(): string;
+}
+
+const bundles = new Map<string, string>();
+
+/**
+ * Bundles a TypeScript entry point once per process (esbuild, dependencies left external) so
+ * that each child starts as plain node: crash tests and the demo start many processes, and
+ * compiling TypeScript in every one of them (tsx) costs about a second each on 2 cores.
+ */
+function bundle(entry: string): string {
+  let out = bundles.get(entry);
+  if (!out) {
+    out = join(stackDir, 'bundles', `${entry.replace(/[^a-zA-Z0-9]/g, '_')}.${process.pid}.mjs`);
+    buildSync({
+      entryPoints: [join(repoRoot, entry)],
+      outfile: out,
+      bundle: true,
+      platform: 'node',
+      format: 'esm',
+      target: 'node20',
+      packages: 'external',
+      logLevel: 'error',
+    });
+    bundles.set(entry, out);
+  }
+  return out;
+}
+
+/** Starts a TypeScript entry point (path relative to the repository) as a real child process. */
+export function spawnTs(name: string, entry: string, env: Record<string, string>): Child {
+  const proc = spawn(process.execPath, [bundle(entry)], {
+    cwd: repoRoot,
+    env: { ...process.env, CAIRN_LOG_LEVEL: process.env.CAIRN_LOG_LEVEL ?? 'warn', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  const keep = (d: Buffer) => {
+    out = (out + d).slice(-20_000);
+  };
+  proc.stdout?.on('data', keep);
+  proc.stderr?.on('data', keep);
+  const exited = once(proc, 'exit').then(([code]) => code as number | null);
+  return { proc, name, exited, output: () => out };
+}
+
+export async function sigkill(child: Child): Promise<void> {
+  if (child.proc.exitCode === null && child.proc.signalCode === null) child.proc.kill('SIGKILL');
+  await child.exited;
+}
+
+export async function sigterm(child: Child, deadlineMs = 20_000): Promise<number | null> {
+  if (child.proc.exitCode !== null || child.proc.signalCode !== null) return child.proc.exitCode;
+  child.proc.kill('SIGTERM');
+  const timer = setTimeout(() => child.proc.kill('SIGKILL'), deadlineMs);
+  const code = await child.exited;
+  clearTimeout(timer);
+  return code;
+}

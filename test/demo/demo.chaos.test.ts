@@ -1,0 +1,54 @@
+import { execFile } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { promisify } from 'node:util';
+import pg from 'pg';
+import { afterAll, describe, expect, inject, it } from 'vitest';
+import { repoRoot } from '../../scripts/stack/paths.js';
+
+const run = promisify(execFile);
+const database = `cairn_t_demo_${randomBytes(4).toString('hex')}`;
+
+afterAll(async () => {
+  const admin = new pg.Client({ connectionString: inject('databaseUrl') });
+  await admin.connect();
+  await admin.query(`DROP DATABASE IF EXISTS ${database} WITH (FORCE)`);
+  await admin.end();
+});
+
+describe('the demo', () => {
+  it('`npm run demo -- --tasks 10 --chaos low` ends with every task complete and 0 violations', async () => {
+    const { stdout } = await run(
+      'npx',
+      [
+        'tsx',
+        'scripts/demo.ts',
+        '--tasks',
+        '10',
+        '--chaos',
+        'low',
+        '--seed',
+        '7',
+        '--work-ms',
+        '150',
+        '--database',
+        database,
+      ],
+      {
+        cwd: repoRoot,
+        env: { ...process.env, DATABASE_URL: inject('databaseUrl'), KAFKA_BROKERS: inject('kafkaBrokers') },
+        timeout: 200_000,
+      },
+    );
+    const summary = JSON.parse(stdout.trim().split('\n').at(-1)!);
+    expect(summary).toMatchObject({
+      demo: true,
+      tasks: 10,
+      complete: 10,
+      violations: 0,
+      deploys_executed: 10,
+      chaos: 'low',
+    });
+    expect(summary.crashes_injected).toBeGreaterThan(0);
+    expect(stdout).toMatch(/deploys executed exactly once \(sink\) +10 +10 \(0 tasks wrong\) +ok/);
+  });
+});
