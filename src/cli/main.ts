@@ -1,52 +1,93 @@
 #!/usr/bin/env node
 /** `cairn <command>`: operator commands. Each command lives in its own module under src/cli/. */
-import { parseArgs } from 'node:util';
 import { CairnError } from '../errors.js';
 import { inboxCommand } from './inbox.js';
 import { checkpointCommand, taskCommand } from './inspect.js';
 import { migrateCommand } from './migrate.js';
 import { outboxCommand } from './outbox.js';
+import { resumeCommand } from './resume.js';
+import { stackCommand } from './stack.js';
 import { stateCommand } from './state.js';
 
-const commands: Record<string, (argv: string[]) => Promise<number>> = {
-  migrate: migrateCommand,
-  state: stateCommand,
-  outbox: outboxCommand,
-  inbox: inboxCommand,
-  task: taskCommand,
-  checkpoint: checkpointCommand,
-  relay: async () => (await import('../../relay/main.js')).runRelayProcess(),
+interface Command {
+  run(argv: string[]): Promise<number>;
+  help: string;
+}
+
+const commands: Record<string, Command> = {
+  migrate: {
+    run: migrateCommand,
+    help: `  migrate [--status]                           run pending migrations (prints what ran); --status lists them`,
+  },
+  stack: {
+    run: stackCommand,
+    help: `  stack up|down|status                         the local Postgres check and Kafka broker (see README)`,
+  },
+  relay: {
+    run: async () => (await import('../../relay/main.js')).runRelayProcess(),
+    help: `  relay                                        publish the outbox to Kafka until SIGTERM
+                                               (CAIRN_RELAY_BATCH, CAIRN_RELAY_LEASE_TTL_MS, CAIRN_RELAY_MAX_IDLE_MS)`,
+  },
+  task: {
+    run: taskCommand,
+    help: `  task show|history <id> [--json]              state and a timeline from the audit log`,
+  },
+  checkpoint: {
+    run: checkpointCommand,
+    help: `  checkpoint list|verify <task> [--json]       checkpoints; verify checks digest, signature, chain
+                                               (CAIRN_CHECKPOINT_KEYS=kid:secret,... to check signatures)`,
+  },
+  resume: {
+    run: resumeCommand,
+    help: `  resume <task> --workflow F --policy F --agent ID [--json]
+                                               verify, re-authorize, reconcile receipts, reacquire the lease`,
+  },
+  outbox: {
+    run: outboxCommand,
+    help: `  outbox status [--json]                       backlog, oldest unpublished, parked keys, lanes owned
+  outbox parked                                keys held back by a message the broker refused
+  outbox release <key> --topic T --reason R    let a parked key flow again (audited)
+  outbox skip <message_id> --reason R          drop one message (audited)`,
+  },
+  inbox: {
+    run: inboxCommand,
+    help: `  inbox dlq [--group G]                        dead letters
+  inbox replay <message_id> --group G          send a dead letter back to its topic
+  inbox prune [--older-than-hours 168]         delete old inbox rows in batches`,
+  },
+  state: {
+    run: stateCommand,
+    help: `  state upgrade [--actor spiffe://...]         rewrite tasks stored as oaies.task-state.v1 as v2, through CAS`,
+  },
 };
 
-const usage = `usage: cairn <command> [options]
+const usage = `usage: cairn <command> [options]      (cairn <command> --help for one command)
 
 commands:
-  migrate            run pending migrations (prints what ran)
-  migrate --status   list migrations and whether they ran
-  relay              publish the outbox to Kafka until SIGTERM (see relay/main.ts for settings)
-  outbox parked      keys held back by a message the broker refused
-  outbox release <key> --topic T --reason R    let a parked key flow again
-  outbox skip <message_id> --reason R          drop one message (audited)
-  inbox dlq [--group G]                        dead letters
-  inbox replay <message_id> --group G          send a dead letter back to its topic
-  inbox prune [--older-than-hours 168]         delete old inbox rows in batches
-  task show|history <id> [--json]              state and timeline from the audit log
-  checkpoint list|verify <task> [--json]       checkpoints; verify checks digest, signature, chain
-  state upgrade      rewrite tasks stored under an older schema as oaies.task-state.v2 (through CAS)
+${Object.values(commands)
+  .map((c) => c.help)
+  .join('\n')}
 
 environment:
   DATABASE_URL       Postgres (default postgres://postgres@127.0.0.1:5432/test)
   KAFKA_BROKERS      Kafka bootstrap servers (default 127.0.0.1:19092)`;
 
 async function main(argv: string[]): Promise<number> {
-  const { positionals } = parseArgs({ args: argv.slice(0, 1), allowPositionals: true, strict: false });
-  const name = positionals[0];
-  const command = name ? commands[name] : undefined;
+  const name = argv[0];
+  if (!name || name === '--help' || name === '-h' || name === 'help') {
+    console.log(usage);
+    return name ? 0 : 2;
+  }
+  const command = commands[name];
   if (!command) {
-    console.error(name ? `cairn: unknown command "${name}"\n\n${usage}` : usage);
+    console.error(`cairn: unknown command "${name}"\n\n${usage}`);
     return 2;
   }
-  return command(argv.slice(1));
+  if (argv.includes('--help') || argv.includes('-h')) {
+    console.log(`usage:\n${command.help}`);
+    return 0;
+  }
+  return command.run(argv.slice(1));
 }
 
 main(process.argv.slice(2)).then(

@@ -2,8 +2,10 @@ import { parseArgs } from 'node:util';
 import { assertReachable, createDb } from '../db/database.js';
 import { databaseUrlFromEnv } from '../env.js';
 import { listParked, releaseKey, skipMessage } from '../outbox/operator.js';
+import { outboxStatus } from '../outbox/status.js';
 
 const usage = `usage:
+  cairn outbox status [--json]
   cairn outbox parked
   cairn outbox release <key> --topic <topic> --reason "..." [--actor spiffe://...]
   cairn outbox skip <message_id> --reason "..." [--actor spiffe://...]`;
@@ -14,6 +16,7 @@ export async function outboxCommand(argv: string[]): Promise<number> {
     allowPositionals: true,
     options: {
       topic: { type: 'string' },
+      json: { type: 'boolean' },
       reason: { type: 'string' },
       actor: { type: 'string', default: `spiffe://cairn.local/operator/${process.env.USER ?? 'unknown'}` },
     },
@@ -23,6 +26,18 @@ export async function outboxCommand(argv: string[]): Promise<number> {
   const db = createDb({ connectionString: url, max: 2 });
   try {
     await assertReachable(db, url);
+    if (sub === 'status') {
+      const s = await outboxStatus(db);
+      if (values.json) console.log(JSON.stringify(s, null, 2));
+      else {
+        console.log(
+          `backlog ${s.backlog} message(s), oldest ${s.oldest_unpublished_seconds ?? '-'} s; parked keys ${s.parked_keys}; relays seen in the last 30 s ${s.relays_alive}`,
+        );
+        for (const l of s.lanes)
+          console.log(`  ${l.owner}: ${l.lanes} lane(s), fencing tokens ${l.fencing_tokens}`);
+      }
+      return 0;
+    }
     if (sub === 'parked') {
       const rows = await listParked(db);
       if (rows.length === 0) console.log('no parked keys');

@@ -1,4 +1,7 @@
 import { execFile } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -280,8 +283,33 @@ describe('operator view', () => {
       env,
     });
     expect(ok.stdout.split('\n').filter((l) => l.includes(' ok '))).toHaveLength(3);
+    const dir = mkdtempSync(join(tmpdir(), 'cairn-resume-'));
+    writeFileSync(join(dir, 'wf.json'), JSON.stringify(WORKFLOW));
+    writeFileSync(
+      join(dir, 'policy.json'),
+      JSON.stringify({ version: 'policy-cli', allowed: true, budgetLimitUsd: 80 }),
+    );
+    const resumed = await run(
+      'npx',
+      [
+        'tsx',
+        'src/cli/main.ts',
+        'resume',
+        'cp-1',
+        '--workflow',
+        join(dir, 'wf.json'),
+        '--policy',
+        join(dir, 'policy.json'),
+        '--agent',
+        'ops',
+      ],
+      { cwd: repoRoot, env },
+    );
+    expect(resumed.stdout).toMatch(/^cp-1: resumed from checkpoint [0-9a-f-]{36} at v5 implementing/);
+    expect(resumed.stdout).toContain('budget committed 100 -> 80 USD (limit 80, policy-cli)');
+    expect(resumed.stdout).toContain('lease held by ops, fencing token 1');
     const show = await run('npx', ['tsx', 'src/cli/main.ts', 'task', 'show', 'cp-1'], { cwd: repoRoot, env });
-    expect(show.stdout).toContain('cp-1 (tenant acme) v4 implementing');
+    expect(show.stdout).toContain('cp-1 (tenant acme) v5 implementing');
     expect(show.stdout).toMatch(
       /v2 .* spiffe:\/\/acme\.example\/agents\/planner .*\[replace \/status, replace \/gates\/plan_approved\]/,
     );

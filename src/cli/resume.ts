@@ -1,0 +1,85 @@
+import { readFileSync } from 'node:fs';
+import { parseArgs } from 'node:util';
+import { createCheckpointer } from '../checkpoints/checkpoints.js';
+import { assertReachable, createDb } from '../db/database.js';
+import { databaseUrlFromEnv } from '../env.js';
+import { ValidationError } from '../errors.js';
+import { createLeaseManager } from '../leases/leases.js';
+import { createReceiptStore } from '../receipts/receipts.js';
+import { type Policy, resume } from '../recovery/resume.js';
+import { createTaskStore } from '../state/taskStore.js';
+
+function readJson(flag: string, path: string | undefined): unknown {
+  if (!path)
+    throw new ValidationError('cairn resume', [{ path: `--${flag}`, message: 'is required (a JSON file)' }]);
+  try {
+    return JSON.parse(readFileSync(path, 'utf8'));
+  } catch (err) {
+    throw new ValidationError('cairn resume', [
+      { path: `--${flag}`, message: `cannot read ${path}: ${(err as Error).message}` },
+    ]);
+  }
+}
+
+/**
+ * `cairn resume <task> --workflow wf.json --policy policy.json --agent ID`: runs the resume
+ * procedure from an operator's shell. Uncertain receipts are gated (a human decides): the
+ * CLI has no compensation functions to run.
+ */
+export async function resumeCommand(argv: string[]): Promise<number> {
+  const { positionals, values } = parseArgs({
+    args: argv,
+    allowPositionals: true,
+    options: {
+      workflow: { type: 'string' },
+      policy: { type: 'string' },
+      agent: { type: 'string' },
+      actor: { type: 'string', default: `spiffe://cairn.local/operator/${process.env.USER ?? 'unknown'}` },
+      json: { type: 'boolean' },
+    },
+  });
+  const taskId = positionals[0];
+  if (!taskId || !values.agent) {
+    console.error('usage: cairn resume <task> --workflow wf.json --policy policy.json --agent ID [--json]');
+    return 2;
+  }
+  const workflowDefinition = readJson('workflow', values.workflow);
+  const policy = readJson('policy', values.policy) as Policy;
+  const url = databaseUrlFromEnv();
+  const db = createDb({ connectionString: url, max: 4 });
+  try {
+    await assertReachable(db, url);
+    const checkpoints = createCheckpointer({ db });
+    const plan = await resume(taskId, {
+      db,
+      store: createTaskStore({ db, checkpointer: checkpoints }),
+      checkpoints,
+      receipts: createReceiptStore({ db }),
+      leases: createLeaseManager({ db }),
+      workflowDefinition,
+      policy: async () => policy,
+      actor: values.actor!,
+      agentId: values.agent,
+    });
+    if (values.json) console.log(JSON.stringify(plan, null, 2));
+    else {
+      console.log(
+        `${plan.taskId}: ${plan.outcome} from checkpoint ${plan.checkpointId ?? '(none)'} at v${plan.state.version} ${plan.state.status}`,
+      );
+      for (const s of plan.skipped)
+        console.log(`  skipped corrupt checkpoint ${s.checkpointId}: ${s.reason}`);
+      if (plan.budget)
+        console.log(
+          `  budget committed ${plan.budget.committedBefore} -> ${plan.budget.committedAfter} USD (limit ${plan.budget.limit}, ${plan.policyVersion})`,
+        );
+      for (const r of plan.receipts)
+        console.log(`  receipt ${r.receiptId} ${r.tool} at ${r.step}: ${r.action}`);
+      for (const m of plan.pendingMessages) console.log(`  message ${m.messageId}: ${m.state}`);
+      if (plan.lease)
+        console.log(`  lease held by ${plan.lease.agentId}, fencing token ${plan.lease.fencingToken}`);
+    }
+    return plan.outcome === 'failed' ? 1 : 0;
+  } finally {
+    await db.destroy();
+  }
+}
