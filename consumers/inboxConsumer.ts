@@ -40,6 +40,8 @@ export interface InboxConsumerOptions {
   /** Attempts for a failing message before it goes to the dead-letter topic. */
   maxAttempts?: number;
   retryBaseMs?: number;
+  /** Longest wait between two attempts of one message. Default 5 s. */
+  retryMaxMs?: number;
   /** Refuse a message whose task version is not newer than the newest applied for its key. */
   refuseStaleVersions?: boolean;
   /** Inbox rows older than this are pruned; must exceed the topics' retention. Default 7 days. */
@@ -94,6 +96,7 @@ export function createInboxConsumer(options: InboxConsumerOptions): InboxConsume
   const chunkSize = options.chunkSize ?? 500;
   const maxAttempts = options.maxAttempts ?? 5;
   const retryBaseMs = options.retryBaseMs ?? 100;
+  const retryMaxMs = options.retryMaxMs ?? 5000;
   const stats: InboxStats = {
     applied: 0,
     duplicates: 0,
@@ -187,7 +190,9 @@ export function createInboxConsumer(options: InboxConsumerOptions): InboxConsume
           { message_id: m.messageId, attempt, err: (err as Error).message },
           'handler failed; retrying',
         );
-        await sleep(retryBaseMs * 2 ** (attempt - 1));
+        // Exponential with full jitter, capped: a message that needs a few seconds (a lease
+        // held by a dead worker, say) must not push its retries out to minutes.
+        await sleep(Math.random() * Math.min(retryMaxMs, retryBaseMs * 2 ** (attempt - 1)));
       }
     }
   }

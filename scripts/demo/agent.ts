@@ -90,7 +90,8 @@ const consumer = createInboxConsumer({
   logger,
   chunkSize: 5,
   maxAttempts: 20,
-  retryBaseMs: 50,
+  retryBaseMs: 100,
+  retryMaxMs: 2000,
   refuseStaleVersions: false,
   hooks: {
     onCommitted: (c) => {

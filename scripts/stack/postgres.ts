@@ -16,15 +16,9 @@ export async function postgresAnswers(url: string, timeoutMs = 3000): Promise<st
   }
 }
 
-export function redactUrl(url: string): string {
-  try {
-    const u = new URL(url);
-    if (u.password) u.password = '***';
-    return u.toString();
-  } catch {
-    return '(unparsable DATABASE_URL)';
-  }
-}
+import { redact as redactUrl } from '../../src/db/database.js';
+
+export { redactUrl };
 
 export function postgresHelp(url: string, reason: string, fromEnv: boolean): string {
   return [

@@ -1,14 +1,15 @@
 import { parseArgs } from 'node:util';
 import { listDeadLetters, replayDeadLetter } from '../../consumers/deadLetters.js';
 import { pruneInbox } from '../../consumers/sql/pruneInbox.js';
-import { assertReachable, createDb } from '../db/database.js';
-import { databaseUrlFromEnv, kafkaBrokersFromEnv } from '../env.js';
+import { kafkaBrokersFromEnv } from '../env.js';
 import { createKafkaPublisher } from '../kafka/publisher.js';
 
 const usage = `usage:
   cairn inbox dlq [--group G]
   cairn inbox replay <message_id> --group G
   cairn inbox prune [--older-than-hours 168]`;
+
+import { withDb } from './withDb.js';
 
 export async function inboxCommand(argv: string[]): Promise<number> {
   const { positionals, values } = parseArgs({
@@ -17,10 +18,7 @@ export async function inboxCommand(argv: string[]): Promise<number> {
     options: { group: { type: 'string' }, 'older-than-hours': { type: 'string', default: '168' } },
   });
   const [sub, arg] = positionals;
-  const url = databaseUrlFromEnv();
-  const db = createDb({ connectionString: url, max: 2 });
-  try {
-    await assertReachable(db, url);
+  return withDb(async (db) => {
     if (sub === 'dlq') {
       const rows = await listDeadLetters(db, values.group);
       if (rows.length === 0) console.log('no dead letters');
@@ -54,7 +52,5 @@ export async function inboxCommand(argv: string[]): Promise<number> {
     }
     console.error(usage);
     return 2;
-  } finally {
-    await db.destroy();
-  }
+  });
 }

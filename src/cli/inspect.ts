@@ -1,19 +1,7 @@
 import { parseArgs } from 'node:util';
 import { createCheckpointer } from '../checkpoints/checkpoints.js';
-import { assertReachable, createDb, type Db } from '../db/database.js';
-import { databaseUrlFromEnv } from '../env.js';
 import { createTaskStore } from '../state/taskStore.js';
-
-async function withDb(fn: (db: Db) => Promise<number>): Promise<number> {
-  const url = databaseUrlFromEnv();
-  const db = createDb({ connectionString: url, max: 2 });
-  try {
-    await assertReachable(db, url);
-    return await fn(db);
-  } finally {
-    await db.destroy();
-  }
-}
+import { withDb } from './withDb.js';
 
 /** `cairn task show <id>` (state and a readable timeline) and `cairn task history <id>` (the audit rows). */
 export async function taskCommand(argv: string[]): Promise<number> {

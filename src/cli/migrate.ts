@@ -1,14 +1,10 @@
 import { parseArgs } from 'node:util';
-import { assertReachable, createDb } from '../db/database.js';
 import { migrateToLatest, migrationStatus } from '../db/migrate.js';
-import { databaseUrlFromEnv } from '../env.js';
+import { withDb } from './withDb.js';
 
 export async function migrateCommand(argv: string[]): Promise<number> {
   const { values } = parseArgs({ args: argv, options: { status: { type: 'boolean', default: false } } });
-  const url = databaseUrlFromEnv();
-  const db = createDb({ connectionString: url, max: 2 });
-  try {
-    await assertReachable(db, url);
+  return withDb(async (db) => {
     if (values.status) {
       for (const m of await migrationStatus(db)) {
         console.log(
@@ -21,7 +17,5 @@ export async function migrateCommand(argv: string[]): Promise<number> {
     if (ran.length === 0) console.log('schema is up to date; no migration ran');
     for (const name of ran) console.log(`ran ${name}`);
     return 0;
-  } finally {
-    await db.destroy();
-  }
+  });
 }

@@ -1,6 +1,4 @@
 import { parseArgs } from 'node:util';
-import { assertReachable, createDb } from '../db/database.js';
-import { databaseUrlFromEnv } from '../env.js';
 import { listParked, releaseKey, skipMessage } from '../outbox/operator.js';
 import { outboxStatus } from '../outbox/status.js';
 
@@ -9,6 +7,8 @@ const usage = `usage:
   cairn outbox parked
   cairn outbox release <key> --topic <topic> --reason "..." [--actor spiffe://...]
   cairn outbox skip <message_id> --reason "..." [--actor spiffe://...]`;
+
+import { withDb } from './withDb.js';
 
 export async function outboxCommand(argv: string[]): Promise<number> {
   const { positionals, values } = parseArgs({
@@ -22,10 +22,7 @@ export async function outboxCommand(argv: string[]): Promise<number> {
     },
   });
   const [sub, arg] = positionals;
-  const url = databaseUrlFromEnv();
-  const db = createDb({ connectionString: url, max: 2 });
-  try {
-    await assertReachable(db, url);
+  return withDb(async (db) => {
     if (sub === 'status') {
       const s = await outboxStatus(db);
       if (values.json) console.log(JSON.stringify(s, null, 2));
@@ -65,7 +62,5 @@ export async function outboxCommand(argv: string[]): Promise<number> {
     }
     console.error(usage);
     return 2;
-  } finally {
-    await db.destroy();
-  }
+  });
 }

@@ -1,8 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { createCheckpointer } from '../checkpoints/checkpoints.js';
-import { assertReachable, createDb } from '../db/database.js';
-import { databaseUrlFromEnv } from '../env.js';
 import { ValidationError } from '../errors.js';
 import { createLeaseManager } from '../leases/leases.js';
 import { createReceiptStore } from '../receipts/receipts.js';
@@ -25,7 +23,8 @@ function readJson(flag: string, path: string | undefined): unknown {
  * `cairn resume <task> --workflow wf.json --policy policy.json --agent ID`: runs the resume
  * procedure from an operator's shell. Uncertain receipts are gated (a human decides): the
  * CLI has no compensation functions to run.
- */
+ */ import { withDb } from './withDb.js';
+
 export async function resumeCommand(argv: string[]): Promise<number> {
   const { positionals, values } = parseArgs({
     args: argv,
@@ -45,10 +44,7 @@ export async function resumeCommand(argv: string[]): Promise<number> {
   }
   const workflowDefinition = readJson('workflow', values.workflow);
   const policy = readJson('policy', values.policy) as Policy;
-  const url = databaseUrlFromEnv();
-  const db = createDb({ connectionString: url, max: 4 });
-  try {
-    await assertReachable(db, url);
+  return withDb(async (db) => {
     const checkpoints = createCheckpointer({ db });
     const plan = await resume(taskId, {
       db,
@@ -59,7 +55,7 @@ export async function resumeCommand(argv: string[]): Promise<number> {
       workflowDefinition,
       policy: async () => policy,
       actor: values.actor!,
-      agentId: values.agent,
+      agentId: values.agent!,
     });
     if (values.json) console.log(JSON.stringify(plan, null, 2));
     else {
@@ -79,7 +75,5 @@ export async function resumeCommand(argv: string[]): Promise<number> {
         console.log(`  lease held by ${plan.lease.agentId}, fencing token ${plan.lease.fencingToken}`);
     }
     return plan.outcome === 'failed' ? 1 : 0;
-  } finally {
-    await db.destroy();
-  }
+  }, 4);
 }

@@ -1,8 +1,7 @@
 import { parseArgs } from 'node:util';
-import { assertReachable, createDb } from '../db/database.js';
-import { databaseUrlFromEnv } from '../env.js';
 import { createTaskStore } from '../state/taskStore.js';
 import { upgradeStoredTasks } from '../state/upgrade.js';
+import { withDb } from './withDb.js';
 
 export async function stateCommand(argv: string[]): Promise<number> {
   const { positionals, values } = parseArgs({
@@ -14,10 +13,7 @@ export async function stateCommand(argv: string[]): Promise<number> {
     console.error('usage: cairn state upgrade [--actor spiffe://...]');
     return 2;
   }
-  const url = databaseUrlFromEnv();
-  const db = createDb({ connectionString: url, max: 2 });
-  try {
-    await assertReachable(db, url);
+  return withDb(async (db) => {
     const report = await upgradeStoredTasks({ db, store: createTaskStore({ db }), actor: values.actor! });
     console.log(
       `upgraded ${report.upgraded} task(s) to oaies.task-state.v2; ` +
@@ -25,7 +21,5 @@ export async function stateCommand(argv: string[]): Promise<number> {
     );
     console.log(JSON.stringify(report));
     return 0;
-  } finally {
-    await db.destroy();
-  }
+  });
 }

@@ -8,7 +8,12 @@ import { repoRoot } from '../../scripts/stack/paths.js';
 import { CairnError } from '../../src/errors.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
-import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
+import {
+  createTestDatabase,
+  createTestTopic,
+  kafkaBrokers,
+  type TestDatabase,
+} from '../support/testDatabase.js';
 import { readTopic, waitFor } from '../support/topicReader.js';
 import { createEffectsTable, effectStats, uuid } from './fixtures.js';
 
@@ -28,15 +33,6 @@ afterEach(async () => {
 afterAll(async () => {
   await tdb.drop();
 });
-
-async function topicWith(partitions: number): Promise<string> {
-  const topic = uniqueTopic('inbox');
-  const admin = kafka.admin();
-  await admin.connect();
-  await admin.createTopics({ topics: [{ topic, numPartitions: partitions }], waitForLeaders: true });
-  await admin.disconnect();
-  return topic;
-}
 
 async function produce(
   topic: string,
@@ -82,7 +78,7 @@ function start(
 describe('inbox consumer on a real broker and real Postgres', () => {
   it('the same message delivered 3 times (as a relay crash would) is applied once', async () => {
     await sql`TRUNCATE effects`.execute(tdb.db);
-    const topic = await topicWith(1);
+    const topic = await createTestTopic('inbox', 1);
     const id = uuid();
     const copy = { key: 'dup', value: { key: 'dup', seq: 1 }, headers: { 'cairn-message-id': id } };
     await produce(topic, [
@@ -105,7 +101,7 @@ describe('inbox consumer on a real broker and real Postgres', () => {
 
   it('refuses a message older than the newest task version already applied for its key', async () => {
     await sql`TRUNCATE effects`.execute(tdb.db);
-    const topic = await topicWith(1);
+    const topic = await createTestTopic('inbox', 1);
     const msg = (seq: number, version: number) => ({
       key: 'task-9',
       value: { key: 'task-9', seq },
@@ -126,7 +122,7 @@ describe('inbox consumer on a real broker and real Postgres', () => {
   it('a poison message goes to <topic>.dlq with its coordinates, the partition moves on, and replay applies it once fixed', async () => {
     await sql`TRUNCATE effects`.execute(tdb.db);
     await sql`CREATE TABLE IF NOT EXISTS fixed (ok boolean)`.execute(tdb.db);
-    const topic = await topicWith(1);
+    const topic = await createTestTopic('inbox', 1);
     const poisonId = uuid();
     await produce(topic, [
       { key: 'p', value: { key: 'p', seq: 1 }, headers: { 'cairn-message-id': uuid() } },

@@ -1,11 +1,14 @@
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import { kafkaClient } from '../../src/kafka/publisher.js';
 import { type Child, sigkill, sigterm, spawnTs } from '../support/processes.js';
-import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
+import {
+  createTestDatabase,
+  createTestTopic,
+  kafkaBrokers,
+  type TestDatabase,
+} from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
 import { createEffectsTable, effectStats, keysOutOfOrder, produceKeyed } from './fixtures.js';
 
-const kafka = kafkaClient(kafkaBrokers(), 'inbox-chaos-test');
 let tdb: TestDatabase;
 
 beforeAll(async () => {
@@ -15,15 +18,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await tdb.drop();
 });
-
-async function topicWith(partitions: number): Promise<string> {
-  const topic = uniqueTopic('inbox-chaos');
-  const admin = kafka.admin();
-  await admin.connect();
-  await admin.createTopics({ topics: [{ topic, numPartitions: partitions }], waitForLeaders: true });
-  await admin.disconnect();
-  return topic;
-}
 
 function consumerEnv(topic: string, group: string, name: string, extra: Record<string, string> = {}) {
   return {
@@ -44,7 +38,7 @@ async function effectCount(): Promise<number> {
 
 describe('inbox consumers under crashes (real processes)', () => {
   it('SIGKILL right after the database commit and before the offset commit, again and again over 10,000 messages: every effect exactly once', async () => {
-    const topic = await topicWith(3);
+    const topic = await createTestTopic('inbox-chaos', 3);
     const group = `${topic}.g`;
     const ids = await produceKeyed(kafkaBrokers(), topic, 100, 100); // 10,000 messages
     let kills = 0;
@@ -87,7 +81,7 @@ describe('inbox consumers under crashes (real processes)', () => {
 
   it('consumers joining mid-stream and one killed: every effect exactly once, order per key kept', async () => {
     await tdb.db.deleteFrom('effects' as never).execute();
-    const topic = await topicWith(6);
+    const topic = await createTestTopic('inbox-chaos', 6);
     const group = `${topic}.g`;
     // 6,000 messages over ~10 s, so consumers join and die while it flows.
     const producing = produceKeyed(kafkaBrokers(), topic, 60, 100, 100);

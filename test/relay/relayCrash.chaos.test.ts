@@ -4,7 +4,12 @@ import { startLocalKafka, stopLocalKafka } from '../../scripts/stack/kafka.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { type Child, sigkill, sigterm, spawnTs } from '../support/processes.js';
-import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
+import {
+  createTestDatabase,
+  createTestTopic,
+  kafkaBrokers,
+  type TestDatabase,
+} from '../support/testDatabase.js';
 import { type ReadMessage, readTopic, waitFor } from '../support/topicReader.js';
 
 const kafka = kafkaClient(kafkaBrokers(), 'relay-chaos-test');
@@ -17,13 +22,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await tdb.drop();
 });
-
-async function createTopic(topic: string, partitions: number): Promise<void> {
-  const admin = kafka.admin();
-  await admin.connect();
-  await admin.createTopics({ topics: [{ topic, numPartitions: partitions }], waitForLeaders: true });
-  await admin.disconnect();
-}
 
 /** `writers` concurrent writers, each owning keys/writers keys, one message per transaction, seq rising per key. */
 async function writeLoad(topic: string, writers: number, keys: number, perKey: number, prefix = 'key') {
@@ -80,8 +78,7 @@ async function outboxEmpty(): Promise<boolean> {
 
 describe('relay under crashes (real processes, real broker)', () => {
   it('3 relay processes, 8 writers on 200 keys, relays SIGKILLed again and again (also between publish and delete): nothing lost, per-key order kept, duplicates only with the same message_id', async () => {
-    const topic = uniqueTopic('relay-chaos');
-    await createTopic(topic, 6);
+    const topic = await createTestTopic('relay-chaos', 6);
     const env = (name: string, extra: Record<string, string> = {}) => ({
       DATABASE_URL: tdb.url,
       KAFKA_BROKERS: kafkaBrokers().join(','),
@@ -151,8 +148,7 @@ describe('relay under crashes (real processes, real broker)', () => {
 
   it('broker stopped for 10 seconds and started again: the relay recovers by itself and delivers everything', async (ctx) => {
     if (!inject('kafkaLocal')) ctx.skip(); // only the broker this run started may be stopped
-    const topic = uniqueTopic('relay-broker-restart');
-    await createTopic(topic, 3);
+    const topic = await createTestTopic('relay-broker-restart', 3);
     const relay = createRelay({
       db: tdb.db,
       publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),

@@ -3,6 +3,7 @@ import pg from 'pg';
 import { inject } from 'vitest';
 import { createDb, type Db } from '../../src/db/database.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
+import { kafkaClient } from '../../src/kafka/publisher.js';
 
 export interface TestDatabase {
   url: string;
@@ -62,4 +63,17 @@ export function uniqueTopic(label: string): string {
 
 export function kafkaBrokers(): string[] {
   return inject('kafkaBrokers').split(',');
+}
+
+/** Creates a topic of its own for a test (unique name) and waits for its leaders. */
+export async function createTestTopic(label: string, partitions: number): Promise<string> {
+  const topic = uniqueTopic(label);
+  const admin = kafkaClient(kafkaBrokers(), 'cairn-test-admin').admin();
+  await admin.connect();
+  try {
+    await admin.createTopics({ topics: [{ topic, numPartitions: partitions }], waitForLeaders: true });
+  } finally {
+    await admin.disconnect();
+  }
+  return topic;
 }
