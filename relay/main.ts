@@ -1,13 +1,16 @@
 /**
  * The relay as a process (`cairn relay`, or `tsx relay/main.ts`). Configuration from the
  * environment: DATABASE_URL, KAFKA_BROKERS, CAIRN_RELAY_INSTANCE, CAIRN_RELAY_BATCH,
- * CAIRN_RELAY_LEASE_TTL_MS, CAIRN_RELAY_MAX_IDLE_MS. SIGTERM/SIGINT finish the batch in
+ * CAIRN_RELAY_LEASE_TTL_MS, CAIRN_RELAY_MAX_IDLE_MS, CAIRN_METRICS_PORT (serves /metrics,
+ * /healthz, /readyz on 127.0.0.1 when set). SIGTERM/SIGINT finish the batch in
  * flight, release the lanes and exit 0.
  */
 import { createDb } from '../src/db/database.js';
 import { databaseUrlFromEnv, kafkaBrokersFromEnv } from '../src/env.js';
 import { createKafkaPublisher } from '../src/kafka/publisher.js';
 import { createLogger } from '../src/logger.js';
+import { startMetricsServer } from '../src/metrics/metricsServer.js';
+import { relayMetrics } from './metrics.js';
 import { createRelay } from './relay.js';
 
 function killAfter(batch: number) {
@@ -40,7 +43,18 @@ export async function runRelayProcess(): Promise<number> {
   process.once('SIGTERM', stop);
   process.once('SIGINT', stop);
   logger.info({ instance: relay.instanceId }, 'relay started');
+  const metricsPort = num('CAIRN_METRICS_PORT');
+  const metrics =
+    metricsPort !== undefined
+      ? await startMetricsServer({
+          registry: relayMetrics(relay, db),
+          port: metricsPort,
+          ready: () => relay.stats().lanesOwned > 0,
+        })
+      : undefined;
+  if (metrics) logger.info({ port: metrics.port }, 'metrics on /metrics, /healthz, /readyz');
   await relay.run();
+  await metrics?.close();
   await db.destroy();
   logger.info(relay.stats(), 'relay stopped');
   return 0;

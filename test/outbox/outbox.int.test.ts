@@ -3,9 +3,11 @@ import { promisify } from 'node:util';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
+import { relayMetrics } from '../../relay/metrics.js';
 import { createRelay, type Relay } from '../../relay/relay.js';
 import { repoRoot } from '../../scripts/stack/paths.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
+import { startMetricsServer } from '../../src/metrics/metricsServer.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
@@ -294,5 +296,25 @@ describe('relay to a real broker', () => {
       { action: 'release', key: 'poisoned', message_id: poison, reason: 'retry after broker config change' },
       { action: 'skip', key: 'poisoned', message_id: poison, reason: 'payload too large, resent as pointer' },
     ]);
+  });
+
+  it('serves Prometheus metrics, /healthz and /readyz', async () => {
+    const server = await startMetricsServer({
+      registry: relayMetrics(relay, tdb.db),
+      port: 0,
+      ready: () => relay.stats().lanesOwned > 0,
+    });
+    try {
+      const base = `http://127.0.0.1:${server.port}`;
+      const metrics = await (await fetch(`${base}/metrics`)).text();
+      expect(metrics).toMatch(/^cairn_relay_published_total [1-9]\d*$/m);
+      expect(metrics).toMatch(/^cairn_relay_lanes_owned 32$/m);
+      expect(metrics).toMatch(/^cairn_outbox_backlog \d+$/m);
+      expect(metrics).toMatch(/^cairn_outbox_parked_keys \d+$/m);
+      expect((await fetch(`${base}/healthz`)).status).toBe(200);
+      expect((await fetch(`${base}/readyz`)).status).toBe(200);
+    } finally {
+      await server.close();
+    }
   });
 });
