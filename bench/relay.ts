@@ -81,6 +81,8 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
     const running = relay.run();
     while ((await outboxCount(env.db)) > 0) await new Promise((r) => setTimeout(r, 20));
     const drainPerS = n / ((performance.now() - t0) / 1000);
+    const w = relay.stats().waitMs;
+    const drainWaits = `claim ${(w.claim / 1000).toFixed(1)} s, publish ${(w.publish / 1000).toFixed(1)} s, delete ${(w.delete / 1000).toFixed(1)} s`;
 
     // (b) steady load: commit at a fixed rate, record commit time, relay hook records ack time.
     await relay.stop();
@@ -169,6 +171,7 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
     console.log(`messages: ${n} x 200 B, relay batch ${batchSize}, ${steadySeconds} s per steady rate`);
     console.log(`relay drain (backlog)            ${f(drainPerS)} msgs/s   (target >= 50,000)`);
     console.log(`raw kafkajs producer             ${f(rawProducerPerS)} msgs/s`);
+    console.log(`  drain loop waited: ${drainWaits}`);
     console.log(`drain / raw producer             ${ratio.toFixed(2).padStart(8)}          (target >= 0.8)`);
     console.log(`raw Postgres insert (1k per tx)  ${f(rawInsertPerS)} msgs/s`);
     for (const s of [at1k, at5k]) {

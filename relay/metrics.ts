@@ -6,35 +6,32 @@ import type { Relay } from './relay.js';
 /** The relay's Prometheus metrics; database-backed gauges are read at scrape time. */
 export function relayMetrics(relay: Relay, db: Db): Registry {
   const registry = new Registry();
-  let last = relay.stats();
-  const published = new Counter({
-    name: 'cairn_relay_published_total',
-    help: 'Messages the broker acknowledged',
-    registers: [registry],
-  });
-  const retries = new Counter({
-    name: 'cairn_relay_publish_retries_total',
-    help: 'Publish attempts retried',
-    registers: [registry],
-  });
-  const lostDeletes = new Counter({
-    name: 'cairn_relay_lost_lane_deletes_total',
-    help: 'Published rows not deleted because the lane was lost (republished by the new owner)',
-    registers: [registry],
-  });
-  const sync = () => {
-    const s = relay.stats();
-    published.inc(s.published - last.published);
-    retries.inc(s.retries - last.retries);
-    lostDeletes.inc(s.lostLaneDeletes - last.lostLaneDeletes);
-    last = s;
+  // Counters mirror the relay's own totals, read at scrape time.
+  const counter = (name: string, help: string, read: () => number) => {
+    let reported = 0;
+    new Counter({
+      name,
+      help,
+      registers: [registry],
+      collect() {
+        const now = read();
+        this.inc(now - reported);
+        reported = now;
+      },
+    });
   };
+  counter('cairn_relay_published_total', 'Messages the broker acknowledged', () => relay.stats().published);
+  counter('cairn_relay_publish_retries_total', 'Publish attempts retried', () => relay.stats().retries);
+  counter(
+    'cairn_relay_lost_lane_deletes_total',
+    'Published rows not deleted because the lane was lost (republished by the new owner)',
+    () => relay.stats().lostLaneDeletes,
+  );
   new Gauge({
     name: 'cairn_relay_lanes_owned',
     help: 'Outbox lanes this relay owns',
     registers: [registry],
     collect() {
-      sync();
       this.set(relay.stats().lanesOwned);
     },
   });

@@ -40,6 +40,8 @@ export interface RelayStats {
   parked: number;
   lanesOwned: number;
   lostLaneDeletes: number;
+  /** Where the loop waited, in ms: for claimed rows, for the broker's ack, for the previous delete. */
+  waitMs: { claim: number; publish: number; delete: number };
 }
 
 export interface Relay {
@@ -71,6 +73,15 @@ export function createRelay(options: RelayOptions): Relay {
     parked: 0,
     lanesOwned: 0,
     lostLaneDeletes: 0,
+    waitMs: { claim: 0, publish: 0, delete: 0 },
+  };
+  const timed = async <T>(what: keyof RelayStats['waitMs'], p: Promise<T>): Promise<T> => {
+    const t0 = performance.now();
+    try {
+      return await p;
+    } finally {
+      stats.waitMs[what] += performance.now() - t0;
+    }
   };
 
   let owned = new Map<number, number>(); // lane -> fencing token
@@ -158,17 +169,18 @@ export function createRelay(options: RelayOptions): Relay {
   // 18.5k msgs/s; see the README for the pipelined figure.
   let prefetch: Promise<ClaimedRow[]> | undefined;
   let deleting: Promise<void> | undefined;
-  let deletingIds: number[] = [];
+  let deletingRows: Array<{ id: number; lane: number }> = [];
 
   async function finishDelete(): Promise<void> {
     const d = deleting;
     deleting = undefined;
-    if (d) await d;
-    deletingIds = [];
+    if (d) await timed('delete', d);
+    deletingRows = [];
   }
 
-  function startDelete(sentIds: number[], fences: Map<number, number>): void {
-    deletingIds = sentIds;
+  function startDelete(sent: ReadonlyArray<{ id: number; lane: number }>, fences: Map<number, number>): void {
+    deletingRows = [...sent];
+    const sentIds = sent.map((r) => r.id);
     deleting = deleteFenced(db, { instanceId, ids: sentIds, fences }).then(async (deleted) => {
       if (deleted.length < sentIds.length) {
         // We lost a lane between claim and delete: the new owner republishes those rows (same message_id).
@@ -186,12 +198,12 @@ export function createRelay(options: RelayOptions): Relay {
     const p = prefetch;
     prefetch = undefined;
     if (p) {
-      const rows = await p;
+      const rows = await timed('claim', p);
       // Lanes may have moved and keys may have been parked since the prefetch was claimed.
       const parked = await parkedAmong(db, rows);
       return rows.filter((r) => owned.has(r.lane) && !parked.has(`${r.topic}\u0000${r.key}`));
     }
-    return claimBatch(db, [...owned.keys()], batchSize, deletingIds);
+    return timed('claim', claimBatch(db, [...owned.keys()], batchSize, deletingRows));
   }
 
   async function processBatch(): Promise<number> {
@@ -201,13 +213,13 @@ export function createRelay(options: RelayOptions): Relay {
       return 0;
     }
     if (rows.length >= batchSize) {
-      const exclude = [...deletingIds, ...rows.map((r) => r.id)];
+      const exclude = [...deletingRows, ...rows.map((r) => ({ id: r.id, lane: r.lane }))];
       prefetch = claimBatch(db, [...owned.keys()], batchSize, exclude);
       prefetch.catch(() => {}); // awaited (or dropped) later; never an unhandled rejection
     }
     let sentIds: number[];
     try {
-      await publishWithRetry(rows);
+      await timed('publish', publishWithRetry(rows));
       sentIds = rows.map((r) => r.id);
     } catch (err) {
       if (!isPoisonError(err)) {
@@ -221,7 +233,11 @@ export function createRelay(options: RelayOptions): Relay {
       rows.map((r) => r.message_id),
     );
     await finishDelete();
-    startDelete(sentIds, new Map(owned));
+    const sentSet = new Set(sentIds);
+    startDelete(
+      rows.filter((r) => sentSet.has(r.id)).map((r) => ({ id: r.id, lane: r.lane })),
+      new Map(owned),
+    );
     stats.published += sentIds.length;
     stats.batches++;
     if (log.isLevelEnabled('trace')) {
@@ -295,6 +311,6 @@ export function createRelay(options: RelayOptions): Relay {
       wake?.();
       await running;
     },
-    stats: () => ({ ...stats }),
+    stats: () => ({ ...stats, waitMs: { ...stats.waitMs } }),
   };
 }

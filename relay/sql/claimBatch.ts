@@ -12,28 +12,45 @@ export interface ClaimedRow {
 }
 
 /**
- * The next messages of the lanes this relay owns, oldest first, skipping parked keys.
+ * The next messages of the lanes this relay owns, oldest first within each lane, skipping
+ * parked keys and the rows still in flight (being published, or published and being deleted).
+ *
+ * Shape: a prefix of each lane through the (lane, id) index (LATERAL, one short range scan
+ * per lane, long enough to get past that lane's in-flight rows), merged and sorted by id.
+ * Order only matters within a key, so within a lane; a prefix per lane keeps it, and the plan
+ * never depends on table statistics. Measured on the 2-core dev machine (bench/relay.ts,
+ * 200k backlog): `lane = ANY(...) ORDER BY id LIMIT n` drained ~9-11k msgs/s, this shape
+ * with the fenced delete on the primary key ~12-14k; Postgres, the broker and Node share
+ * the two cores, and the loop now waits on the broker more than on the database.
+ * (Moving the in-flight exclusion out of SQL into a Set, in a two-step claim, measured the same.)
  *
  * No FOR UPDATE SKIP LOCKED here on purpose: a lane has exactly one owner (relay_lane, with
  * a fencing token), so there is nobody to skip, and skipping a locked row of a key would let
  * that key's next message overtake it. Rows are deleted after the broker acked them, never
  * tracked by a cursor, so a row whose transaction commits after a higher id is simply
- * picked up by the next claim: nothing is skipped. Uses the (lane, id) index.
+ * picked up by the next claim: nothing is skipped.
  */
 export async function claimBatch(
   db: Executor,
   lanes: readonly number[],
   limit: number,
-  /** Rows published but not yet deleted (their delete is in flight). */
-  excludeIds: readonly number[] = [],
+  /** Rows in flight (being published, or published and being deleted). */
+  exclude: ReadonlyArray<{ id: number; lane: number }> = [],
 ): Promise<ClaimedRow[]> {
   if (lanes.length === 0) return [];
+  const base = Math.max(50, Math.ceil((limit * 2) / lanes.length));
+  const extra = new Map<number, number>();
+  for (const r of exclude) extra.set(r.lane, (extra.get(r.lane) ?? 0) + 1);
   const { rows } = await sql<ClaimedRow>`
     SELECT o.id, o.lane, o.message_id, o.topic, o.key, o.headers, o.payload
-      FROM outbox o
-     WHERE o.lane = ANY(${lanes}::int[])
-       AND o.id <> ALL(${excludeIds}::bigint[])
-       AND NOT EXISTS (SELECT 1 FROM outbox_parked_key p WHERE p.topic = o.topic AND p.key = o.key)
+      FROM unnest(${lanes}::int[], ${lanes.map((l) => base + (extra.get(l) ?? 0))}::int[]) AS l(lane, n)
+     CROSS JOIN LATERAL (
+       SELECT * FROM outbox o
+        WHERE o.lane = l.lane
+          AND o.id <> ALL(${exclude.map((r) => r.id)}::bigint[])
+          AND NOT EXISTS (SELECT 1 FROM outbox_parked_key p WHERE p.topic = o.topic AND p.key = o.key)
+        ORDER BY o.id
+        LIMIT l.n) o
      ORDER BY o.id
      LIMIT ${limit}
   `.execute(db);

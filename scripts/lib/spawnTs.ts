@@ -13,6 +13,12 @@ export interface Child {
 
 const bundles = new Map<string, string>();
 
+// Children never outlive the process that started them, even when a test fails halfway.
+const live = new Set<ChildProcess>();
+process.once('exit', () => {
+  for (const p of live) p.kill('SIGKILL');
+});
+
 /**
  * Bundles a TypeScript entry point once per process (esbuild, dependencies left external) so
  * that each child starts as plain node: crash tests and the demo start many processes, and
@@ -50,7 +56,11 @@ export function spawnTs(name: string, entry: string, env: Record<string, string>
   };
   proc.stdout?.on('data', keep);
   proc.stderr?.on('data', keep);
-  const exited = once(proc, 'exit').then(([code]) => code as number | null);
+  live.add(proc);
+  const exited = once(proc, 'exit').then(([code]) => {
+    live.delete(proc);
+    return code as number | null;
+  });
   return { proc, name, exited, output: () => out };
 }
 
