@@ -140,6 +140,11 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
     };
     const at1k = await steady(1000);
     const at5k = await steady(5000);
+    // The outbox must stay small: deleted rows are vacuumed, not accumulated.
+    const table = await sql<{ bytes: string; dead: number; live: number }>`
+      SELECT pg_total_relation_size('outbox')::text AS bytes, n_dead_tup::int AS dead, n_live_tup::int AS live
+        FROM pg_stat_user_tables WHERE relname = 'outbox'`.execute(env.db);
+    const outboxAfter = table.rows[0]!;
 
     // (c1) raw kafkajs producer: the same number of 200-byte messages, same batch size and settings.
     const producer = kafka.producer({
@@ -174,6 +179,9 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
     console.log(`  drain loop waited: ${drainWaits}`);
     console.log(`drain / raw producer             ${ratio.toFixed(2).padStart(8)}          (target >= 0.8)`);
     console.log(`raw Postgres insert (1k per tx)  ${f(rawInsertPerS)} msgs/s`);
+    console.log(
+      `outbox after ${n} drained + ${Math.round(steadySeconds * 6000)} steady: ${(Number(outboxAfter.bytes) / 1024 / 1024).toFixed(1)} MiB on disk, ${outboxAfter.live} live / ${outboxAfter.dead} dead tuples`,
+    );
     for (const s of [at1k, at5k]) {
       console.log(
         `steady ${s.rate}/s (achieved ${s.achieved.toFixed(0)}/s): commit->ack p50 ${s.p50.toFixed(1)} ms, p99 ${s.p99.toFixed(1)} ms (${s.samples} samples)`,
@@ -189,6 +197,8 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
       p99_ms_at_1k: Number(at1k.p99.toFixed(2)),
       p50_ms_at_5k: Number(at5k.p50.toFixed(2)),
       p99_ms_at_5k: Number(at5k.p99.toFixed(2)),
+      outbox_bytes_after: Number(outboxAfter.bytes),
+      outbox_dead_tuples_after: outboxAfter.dead,
     };
   } finally {
     await admin.deleteTopics({ topics: Object.values(topics) }).catch(() => {});

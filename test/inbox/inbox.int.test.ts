@@ -4,6 +4,7 @@ import { Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createInboxConsumer, type InboxConsumer, type InboxHandler } from '../../consumers/inboxConsumer.js';
+import { inboxMetrics } from '../../consumers/metrics.js';
 import { repoRoot } from '../../scripts/stack/paths.js';
 import { CairnError } from '../../src/errors.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
@@ -97,6 +98,22 @@ describe('inbox consumer on a real broker and real Postgres', () => {
       .where('message_id', '=', id)
       .execute();
     expect(rows).toEqual([{ message_id: id, outcome: 'applied' }]);
+
+    // The same figures as Prometheus metrics, with the group's lag from the broker.
+    const admin = kafka.admin();
+    await admin.connect();
+    try {
+      const registry = inboxMetrics(c, { db: tdb.db, groupId: `${topic}.g`, topics: [topic], admin });
+      await waitFor('the offsets to be committed', async () =>
+        /cairn_inbox_lag\{[^}]*\} 0$/m.test(await registry.metrics()),
+      );
+      const text = await registry.metrics();
+      expect(text).toMatch(/^cairn_inbox_applied_total\{group="[^"]+"\} 2$/m);
+      expect(text).toMatch(/^cairn_inbox_duplicates_total\{group="[^"]+"\} 2$/m);
+      expect(text).toMatch(/^cairn_inbox_dlq_open\{group="[^"]+"\} 0$/m);
+    } finally {
+      await admin.disconnect();
+    }
   });
 
   it('refuses a message older than the newest task version already applied for its key', async () => {

@@ -1,0 +1,87 @@
+import type { Admin } from 'kafkajs';
+import { Counter, Gauge, Registry } from 'prom-client';
+import type { Db } from '../src/db/database.js';
+import type { InboxConsumer } from './inboxConsumer.js';
+
+/**
+ * An inbox consumer's Prometheus metrics: applied, duplicates skipped, stale refused, dead
+ * letters (from its counters), dead letters on record and consumer lag (read at scrape time).
+ */
+export function inboxMetrics(
+  consumer: InboxConsumer,
+  opts: { db: Db; groupId: string; topics: string[]; admin?: Admin },
+): Registry {
+  const registry = new Registry();
+  const counter = (name: string, help: string, read: () => number) => {
+    let reported = 0;
+    new Counter({
+      name,
+      help,
+      labelNames: ['group'],
+      registers: [registry],
+      collect() {
+        const now = read();
+        this.inc({ group: opts.groupId }, now - reported);
+        reported = now;
+      },
+    });
+  };
+  counter(
+    'cairn_inbox_applied_total',
+    'Messages applied (handler ran, inbox row written)',
+    () => consumer.stats().applied,
+  );
+  counter(
+    'cairn_inbox_duplicates_total',
+    'Messages skipped as already applied',
+    () => consumer.stats().duplicates,
+  );
+  counter(
+    'cairn_inbox_stale_total',
+    'Messages refused as older than the applied version',
+    () => consumer.stats().stale,
+  );
+  counter(
+    'cairn_inbox_dead_lettered_total',
+    'Messages sent to the dead-letter topic',
+    () => consumer.stats().deadLettered,
+  );
+  new Gauge({
+    name: 'cairn_inbox_dlq_open',
+    help: 'Dead letters on record not yet replayed',
+    labelNames: ['group'],
+    registers: [registry],
+    async collect() {
+      const r = await opts.db
+        .selectFrom('inbox_dlq')
+        .select((eb) => eb.fn.countAll<number>().as('n'))
+        .where('consumer_group', '=', opts.groupId)
+        .where('replayed_at', 'is', null)
+        .executeTakeFirstOrThrow();
+      this.set({ group: opts.groupId }, Number(r.n));
+    },
+  });
+  if (opts.admin) {
+    const admin = opts.admin;
+    new Gauge({
+      name: 'cairn_inbox_lag',
+      help: 'Messages not yet committed by the group (log end offset minus committed offset)',
+      labelNames: ['group', 'topic'],
+      registers: [registry],
+      async collect() {
+        const committed = await admin.fetchOffsets({ groupId: opts.groupId, topics: opts.topics });
+        for (const t of committed) {
+          const ends = await admin.fetchTopicOffsets(t.topic);
+          let lag = 0;
+          for (const p of t.partitions) {
+            const end = Number(ends.find((e) => e.partition === p.partition)?.high ?? 0);
+            // -1 means the group has committed nothing on this partition yet.
+            lag += Math.max(0, end - Math.max(0, Number(p.offset)));
+          }
+          this.set({ group: opts.groupId, topic: t.topic }, lag);
+        }
+      },
+    });
+  }
+  return registry;
+}
