@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import { sql } from 'kysely';
 import pRetry, { AbortError } from 'p-retry';
 import type { Db } from '../src/db/database.js';
 import { isPoisonError } from '../src/kafka/classifyError.js';
@@ -27,6 +28,12 @@ export interface RelayOptions {
   leaseTtlMs?: number;
   /** Longest sleep when the outbox is empty (adaptive polling backs off up to this). */
   maxIdleMs?: number;
+  /**
+   * Run `VACUUM outbox` after this many deletes (0: never; leave it to autovacuum). A queue
+   * table churns faster than autovacuum's one-minute nap: measured here, 287k dead tuples and
+   * 163 MiB after 290k messages in one minute without it. Needs the table owner's rights.
+   */
+  vacuumEveryDeletes?: number;
   /** Test hooks at named points; a crash test SIGKILLs the process from here. */
   hooks?: { afterPublish?(batchNumber: number, messageIds: readonly string[]): void };
   /** Attempts for a retriable publish error (broker down, no leader) before the batch is retried from scratch. */
@@ -194,6 +201,24 @@ export function createRelay(options: RelayOptions): Relay {
     });
   }
 
+  const vacuumEvery = options.vacuumEveryDeletes ?? 50_000;
+  let deletedSinceVacuum = 0;
+  let vacuuming = false;
+  function maybeVacuum(deleted: number): void {
+    deletedSinceVacuum += deleted;
+    if (vacuumEvery <= 0 || vacuuming || deletedSinceVacuum < vacuumEvery) return;
+    deletedSinceVacuum = 0;
+    vacuuming = true;
+    // In the background, on a pool connection: VACUUM cannot run inside a transaction, and it
+    // only takes a lock that lets inserts, claims and deletes go on.
+    void sql`VACUUM (SKIP_LOCKED) outbox`
+      .execute(db)
+      .catch((err: Error) => log.warn({ err: err.message }, 'VACUUM outbox failed; leaving it to autovacuum'))
+      .finally(() => {
+        vacuuming = false;
+      });
+  }
+
   async function nextRows(): Promise<ClaimedRow[]> {
     const p = prefetch;
     prefetch = undefined;
@@ -239,6 +264,7 @@ export function createRelay(options: RelayOptions): Relay {
       new Map(owned),
     );
     stats.published += sentIds.length;
+    maybeVacuum(sentIds.length);
     stats.batches++;
     if (log.isLevelEnabled('trace')) {
       for (const r of rows) log.trace({ message_id: r.message_id, lane: r.lane }, 'published');
