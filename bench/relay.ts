@@ -11,20 +11,21 @@ import { sql } from 'kysely';
 import { v7 as uuidv7 } from 'uuid';
 import { createRelay } from '../relay/relay.js';
 import type { Db } from '../src/db/database.js';
+import type { Executor } from '../src/db/executor.js';
 import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { laneOf } from '../src/outbox/lanes.js';
 import { benchDatabase, flag } from './support.js';
 
 const PAYLOAD = Buffer.alloc(200, 'x');
 
-function rows(n: number, keys: number, topic: string) {
+export function rows(n: number, keys: number, topic: string) {
   return Array.from({ length: n }, (_, i) => {
     const key = `key-${i % keys}`;
     return { id: uuidv7(), key, lane: laneOf(key), topic };
   });
 }
 
-async function insertRows(db: Db, batch: ReturnType<typeof rows>): Promise<void> {
+export async function insertRows(db: Executor, batch: ReturnType<typeof rows>): Promise<void> {
   await sql`
     INSERT INTO outbox (lane, message_id, topic, key, headers, payload)
     SELECT lane, id, topic, key, jsonb_build_object('cairn-message-id', id::text), ${PAYLOAD}
@@ -33,12 +34,12 @@ async function insertRows(db: Db, batch: ReturnType<typeof rows>): Promise<void>
   `.execute(db);
 }
 
-async function outboxCount(db: Db): Promise<number> {
+export async function outboxCount(db: Db): Promise<number> {
   const r = await sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox`.execute(db);
   return r.rows[0]!.n;
 }
 
-function percentile(sorted: number[], p: number): number {
+export function percentile(sorted: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? Number.NaN;
 }
 

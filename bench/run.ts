@@ -2,11 +2,13 @@
 import { benchCas } from './cas.js';
 import { benchInbox } from './inbox.js';
 import { benchRelay } from './relay.js';
+import { benchWakeup } from './wakeup.js';
 
 const benches: Record<string, (args: string[]) => Promise<Record<string, unknown>>> = {
   cas: benchCas,
   relay: benchRelay,
   inbox: benchInbox,
+  wakeup: benchWakeup,
 };
 
 const [name, ...args] = process.argv.slice(2);

@@ -1,11 +1,13 @@
 import { randomUUID } from 'node:crypto';
 import { sql } from 'kysely';
 import pRetry, { AbortError } from 'p-retry';
+import pg from 'pg';
 import type { Db } from '../src/db/database.js';
 import { isPoisonError } from '../src/kafka/classifyError.js';
 import type { Publisher, PublishMessage } from '../src/kafka/publisher.js';
 import { type Logger, silentLogger } from '../src/logger.js';
 import { LANE_COUNT } from '../src/outbox/lanes.js';
+import { OUTBOX_CHANNEL } from '../src/outbox/outbox.js';
 import { type ClaimedRow, claimBatch, parkedAmong } from './sql/claimBatch.js';
 import { deleteFenced } from './sql/deleteFenced.js';
 import {
@@ -34,6 +36,12 @@ export interface RelayOptions {
    * 163 MiB after 290k messages in one minute without it. Needs the table owner's rights.
    */
   vacuumEveryDeletes?: number;
+  /**
+   * A connection string: LISTEN on `cairn_outbox` with a dedicated connection and wake up at
+   * once when an outbox with `notify: true` commits, instead of waiting for the next poll.
+   * Polling goes on underneath (maxIdleMs), so a lost notification only costs latency.
+   */
+  wakeOnNotify?: string;
   /** Test hooks at named points; a crash test SIGKILLs the process from here. */
   hooks?: { afterPublish?(batchNumber: number, messageIds: readonly string[]): void };
   /** Attempts for a retriable publish error (broker down, no leader) before the batch is retried from scratch. */
@@ -272,18 +280,49 @@ export function createRelay(options: RelayOptions): Relay {
     return rows.length;
   }
 
+  // A notification that arrives while a batch runs is remembered, so the next sleep is skipped.
+  let woken = false;
   function sleep(ms: number): Promise<void> {
+    if (woken) {
+      woken = false;
+      return Promise.resolve();
+    }
     return new Promise((resolve) => {
       const t = setTimeout(resolve, ms);
       wake = () => {
         clearTimeout(t);
+        wake = undefined;
         resolve();
       };
     });
   }
 
+  let listener: pg.Client | undefined;
+  async function listen(connectionString: string): Promise<void> {
+    const client = new pg.Client({ connectionString, application_name: 'cairn-relay-listen' });
+    client.on('notification', () => {
+      if (wake) wake();
+      else woken = true;
+    });
+    client.on('error', (err) => {
+      log.warn({ err: err.message }, 'LISTEN connection lost; polling until it is back');
+      listener = undefined;
+      setTimeout(() => {
+        if (!stopping) void listen(connectionString).catch(() => {});
+      }, 1000).unref();
+    });
+    await client.connect();
+    await client.query(`LISTEN ${OUTBOX_CHANNEL}`);
+    listener = client;
+  }
+
   async function loop(): Promise<void> {
     await seedLanes(db);
+    if (options.wakeOnNotify) {
+      await listen(options.wakeOnNotify).catch((err: Error) =>
+        log.warn({ err: err.message }, 'LISTEN failed; polling only'),
+      );
+    }
     await options.publisher.connect();
     let lastRebalance = 0;
     let idle = 1;
@@ -299,7 +338,8 @@ export function createRelay(options: RelayOptions): Relay {
             idle = 1;
             continue;
           }
-          idle = n > 0 ? 1 : Math.min(maxIdleMs, idle * 2);
+          // Never sleep past a lane renewal: the leases would expire under a sleeping relay.
+          idle = n > 0 ? 1 : Math.min(maxIdleMs, renewEveryMs, idle * 2);
           await sleep(n > 0 ? 0 : idle);
         } catch (err) {
           prefetch = undefined;
@@ -318,6 +358,7 @@ export function createRelay(options: RelayOptions): Relay {
       }
     } finally {
       await finishDelete().catch(() => {});
+      await listener?.end().catch(() => {});
       await releaseLanes(db, instanceId, [...owned.keys()]).catch(() => {});
       await forgetInstance(db, instanceId, ttlMs).catch(() => {});
       await options.publisher.disconnect().catch(() => {});

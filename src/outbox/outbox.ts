@@ -1,3 +1,4 @@
+import { sql } from 'kysely';
 import type { z } from 'zod';
 import type { Executor } from '../db/executor.js';
 import { LeaseLostError } from '../errors.js';
@@ -28,10 +29,18 @@ export interface EnqueueContext {
   tenantId?: string;
 }
 
+/** The channel `notify` signals and relays with `wakeOnNotify` listen on. */
+export const OUTBOX_CHANNEL = 'cairn_outbox';
+
 export interface OutboxOptions {
   /** zod schema per topic; a JSON payload for that topic must match it. */
   schemas?: Record<string, z.ZodType>;
   maxPayloadBytes?: number;
+  /**
+   * Also `NOTIFY cairn_outbox` in the enqueuing transaction, for relays started with
+   * `wakeOnNotify`. Costs commit throughput (see README); polling alone is the default.
+   */
+  notify?: boolean;
 }
 
 export function createOutbox(options: OutboxOptions = {}): Outbox {
@@ -69,6 +78,7 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
           })),
         )
         .execute();
+      if (options.notify) await sql`SELECT pg_notify(${OUTBOX_CHANNEL}, '')`.execute(trx);
       return rows.map((r) => r.message_id);
     },
   };

@@ -1,0 +1,46 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createRelay } from '../../relay/relay.js';
+import { createKafkaPublisher } from '../../src/kafka/publisher.js';
+import { createOutbox } from '../../src/outbox/outbox.js';
+import {
+  createTestDatabase,
+  createTestTopic,
+  kafkaBrokers,
+  type TestDatabase,
+} from '../support/testDatabase.js';
+import { waitFor } from '../support/topicReader.js';
+
+let tdb: TestDatabase;
+beforeAll(async () => {
+  tdb = await createTestDatabase('wake_notify');
+});
+afterAll(async () => {
+  await tdb.drop();
+});
+
+describe('relay wake-up by LISTEN/NOTIFY', () => {
+  it('a relay asleep in a long idle poll publishes a notifying enqueue long before its next poll', async () => {
+    const topic = await createTestTopic('wake', 1);
+    const relay = createRelay({
+      db: tdb.db,
+      publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+      maxIdleMs: 600_000,
+      leaseTtlMs: 60_000, // idle sleeps are capped at a third of it
+      wakeOnNotify: tdb.url,
+    });
+    const running = relay.run();
+    try {
+      // Idle polls double from 1 ms: after 5 s the relay sleeps until about 8.2 s.
+      await new Promise((r) => setTimeout(r, 5000));
+      const outbox = createOutbox({ notify: true });
+      await tdb.db
+        .transaction()
+        .execute((t) => outbox.enqueue(t, [{ topic, key: 'k', payload: { hello: 1 } }]));
+      await waitFor('the message to be published', () => relay.stats().published === 1, 2500);
+      expect(relay.stats().published).toBe(1);
+    } finally {
+      await relay.stop();
+      await running;
+    }
+  });
+});
