@@ -28,7 +28,7 @@ export function assertNoCredentials(what: string, value: unknown): void {
         if (re.test(v)) {
           issues.push({
             path,
-            message: `looks like a ${kind}; secrets are never checkpointed (store a reference to a secret manager instead)`,
+            message: `looks like a ${kind}; secrets are never stored in task state or checkpoints (store a reference to a secret manager instead)`,
           });
           break;
         }

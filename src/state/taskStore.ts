@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { boundaryOf } from '../checkpoints/boundaries.js';
 import type { Checkpointer, TakeCheckpointInput } from '../checkpoints/checkpoints.js';
+import { assertNoCredentials } from '../checkpoints/secrets.js';
 import type { Db } from '../db/database.js';
 import { type Executor, inTransaction, type Trx } from '../db/executor.js';
 import { mapSqlError, SqlState, sqlState } from '../db/sqlstate.js';
@@ -113,6 +114,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
     async create({ task, actor, reason, trx }) {
       checkActor(actor);
       const input = parse('new task', NewTask, task);
+      assertNoCredentials(`new task ${input.task_id}`, input);
       return inTransaction(o.db, trx, async (t) => {
         const now = o.clock().toISOString();
         const state = parse('task state', TaskStateV2, {
@@ -204,6 +206,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
         updated_by: input.actor,
       });
       checkWriteOnce(prev, next);
+      assertNoCredentials(`task ${input.taskId}`, patch);
       assertChangeAllowed(prev, next, { reason: input.reason, requiredGates: o.requiredGates });
 
       const cas = (on: Executor) =>

@@ -132,6 +132,22 @@ describe('TaskState store on real Postgres', () => {
     expect(await auditCount('unknown')).toBe(1);
   });
 
+  it('refuses a value that looks like a credential, naming the field and never echoing it', async () => {
+    await store.create({ task: newTask('secret'), actor: AGENT });
+    const err = await store
+      .update({
+        taskId: 'secret',
+        expectedVersion: 1,
+        patch: { artifacts: { test_results: 'token ghp_abcdefghijklmnopqrstuvwxyz0123456789AB' } },
+        actor: AGENT,
+      })
+      .catch((e: unknown) => e);
+    expect((err as Error).message).toBe(
+      'invalid task secret: artifacts.test_results: looks like a GitHub token; secrets are never stored in task state or checkpoints (store a reference to a secret manager instead)',
+    );
+    expect(await store.get('secret')).toMatchObject({ version: 1, artifacts: {} });
+  });
+
   it('refuses a bad SPIFFE ID as actor, naming the value', async () => {
     await store.create({ task: newTask('spiffe'), actor: AGENT });
     const err = await store
