@@ -8,40 +8,11 @@
 
 import { Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
-import { v7 as uuidv7 } from 'uuid';
 import { createRelay } from '../relay/relay.js';
-import type { Db } from '../src/db/database.js';
-import type { Executor } from '../src/db/executor.js';
 import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
-import { laneOf } from '../src/outbox/lanes.js';
+import { commitToAck } from './commitToAck.js';
+import { insertRows, outboxCount, PAYLOAD, rows } from './outboxRows.js';
 import { benchDatabase, flag } from './support.js';
-
-const PAYLOAD = Buffer.alloc(200, 'x');
-
-export function rows(n: number, keys: number, topic: string) {
-  return Array.from({ length: n }, (_, i) => {
-    const key = `key-${i % keys}`;
-    return { id: uuidv7(), key, lane: laneOf(key), topic };
-  });
-}
-
-export async function insertRows(db: Executor, batch: ReturnType<typeof rows>): Promise<void> {
-  await sql`
-    INSERT INTO outbox (lane, message_id, topic, key, headers, payload)
-    SELECT lane, id, topic, key, jsonb_build_object('cairn-message-id', id::text), ${PAYLOAD}
-      FROM unnest(${batch.map((r) => r.lane)}::int[], ${batch.map((r) => r.id)}::uuid[],
-                  ${batch.map((r) => r.topic)}::text[], ${batch.map((r) => r.key)}::text[]) AS t(lane, id, topic, key)
-  `.execute(db);
-}
-
-export async function outboxCount(db: Db): Promise<number> {
-  const r = await sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox`.execute(db);
-  return r.rows[0]!.n;
-}
-
-export function percentile(sorted: number[], p: number): number {
-  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? Number.NaN;
-}
 
 export async function benchRelay(args: string[]): Promise<Record<string, unknown>> {
   const quick = args.includes('--quick');
@@ -88,57 +59,15 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
     // (b) steady load: commit at a fixed rate, record commit time, relay hook records ack time.
     await relay.stop();
     await running;
-    const committed = new Map<string, number>();
-    const latencies: number[] = [];
-    const steady = async (rate: number) => {
-      latencies.length = 0;
-      committed.clear();
-      const r = createRelay({
+    const steady = (rate: number) =>
+      commitToAck({
         db: env.db,
-        publisher: createKafkaPublisher({ brokers }),
-        batchSize,
-        leaseTtlMs: 10_000,
-        maxIdleMs: 5,
-        hooks: {
-          afterPublish: (_b, ids) => {
-            const now = performance.now();
-            for (const id of ids) {
-              const c = committed.get(id);
-              if (c !== undefined) latencies.push(now - c);
-            }
-          },
-        },
-      });
-      const run = r.run();
-      await new Promise((res) => setTimeout(res, 500)); // lanes acquired
-      const tickMs = 10;
-      const perTick = Math.max(1, Math.round((rate * tickMs) / 1000));
-      const end = performance.now() + steadySeconds * 1000;
-      let next = performance.now();
-      let sent = 0;
-      while (performance.now() < end) {
-        const batch = rows(perTick, 1000, topics.steady);
-        await insertRows(env.db, batch);
-        const at = performance.now();
-        for (const m of batch) committed.set(m.id, at);
-        sent += batch.length;
-        next += tickMs;
-        const wait = next - performance.now();
-        if (wait > 0) await new Promise((res) => setTimeout(res, wait));
-      }
-      while ((await outboxCount(env.db)) > 0) await new Promise((res) => setTimeout(res, 20));
-      await r.stop();
-      await run;
-      const sorted = [...latencies].sort((a, b) => a - b);
-      const achieved = sent / steadySeconds;
-      return {
+        brokers,
+        topic: topics.steady,
         rate,
-        achieved,
-        p50: percentile(sorted, 50),
-        p99: percentile(sorted, 99),
-        samples: sorted.length,
-      };
-    };
+        seconds: steadySeconds,
+        relay: { batchSize, leaseTtlMs: 10_000, maxIdleMs: 5 },
+      });
     const at1k = await steady(1000);
     const at5k = await steady(5000);
     // The outbox must stay small: deleted rows are vacuumed, not accumulated.

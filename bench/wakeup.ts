@@ -4,10 +4,10 @@
  * every transaction costs commit throughput (single-row transactions, 4 writers).
  */
 import { sql } from 'kysely';
-import { createRelay } from '../relay/relay.js';
-import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
+import { kafkaClient } from '../src/kafka/publisher.js';
 import { OUTBOX_CHANNEL } from '../src/outbox/outbox.js';
-import { insertRows, outboxCount, percentile, rows } from './relay.js';
+import { commitToAck } from './commitToAck.js';
+import { insertRows, rows } from './outboxRows.js';
 import { benchDatabase, flag, throughput } from './support.js';
 
 export async function benchWakeup(args: string[]): Promise<Record<string, unknown>> {
@@ -19,46 +19,19 @@ export async function benchWakeup(args: string[]): Promise<Record<string, unknow
   await admin.connect();
   await admin.createTopics({ topics: [{ topic, numPartitions: 3 }], waitForLeaders: true });
   try {
-    const run = async (mode: 'poll-5ms' | 'poll-200ms' | 'notify') => {
-      const committed = new Map<string, number>();
-      const latencies: number[] = [];
-      const relay = createRelay({
+    const run = (mode: 'poll-5ms' | 'poll-200ms' | 'notify') =>
+      commitToAck({
         db: env.db,
-        publisher: createKafkaPublisher({ brokers }),
-        maxIdleMs: mode === 'poll-5ms' ? 5 : mode === 'poll-200ms' ? 200 : 1000,
-        ...(mode === 'notify' ? { wakeOnNotify: env.url } : {}),
-        hooks: {
-          afterPublish: (_b, ids) => {
-            const now = performance.now();
-            for (const id of ids) {
-              const c = committed.get(id);
-              if (c !== undefined) latencies.push(now - c);
-            }
-          },
+        brokers,
+        topic,
+        rate: 1000,
+        seconds,
+        notify: mode === 'notify',
+        relay: {
+          maxIdleMs: mode === 'poll-5ms' ? 5 : mode === 'poll-200ms' ? 200 : 1000,
+          ...(mode === 'notify' ? { wakeOnNotify: env.url } : {}),
         },
       });
-      const running = relay.run();
-      await new Promise((r) => setTimeout(r, 800));
-      const end = performance.now() + seconds * 1000;
-      let next = performance.now();
-      while (performance.now() < end) {
-        const batch = rows(10, 1000, topic); // 10 per 10 ms = 1,000/s
-        await env.db.transaction().execute(async (trx) => {
-          await insertRows(trx, batch);
-          if (mode === 'notify') await sql`SELECT pg_notify(${OUTBOX_CHANNEL}, '')`.execute(trx);
-        });
-        const at = performance.now();
-        for (const m of batch) committed.set(m.id, at);
-        next += 10;
-        const wait = next - performance.now();
-        if (wait > 0) await new Promise((r) => setTimeout(r, wait));
-      }
-      while ((await outboxCount(env.db)) > 0) await new Promise((r) => setTimeout(r, 20));
-      await relay.stop();
-      await running;
-      const sorted = latencies.sort((a, b) => a - b);
-      return { p50: percentile(sorted, 50), p99: percentile(sorted, 99) };
-    };
     const fast = await run('poll-5ms');
     const slow = await run('poll-200ms');
     const notify = await run('notify');

@@ -1,6 +1,7 @@
 import type { Admin } from 'kafkajs';
-import { Counter, Gauge, Registry } from 'prom-client';
+import { Gauge, Registry } from 'prom-client';
 import type { Db } from '../src/db/database.js';
+import { totalCounter } from '../src/metrics/totalCounter.js';
 import type { InboxConsumer } from './inboxConsumer.js';
 
 /**
@@ -12,20 +13,8 @@ export function inboxMetrics(
   opts: { db: Db; groupId: string; topics: string[]; admin?: Admin },
 ): Registry {
   const registry = new Registry();
-  const counter = (name: string, help: string, read: () => number) => {
-    let reported = 0;
-    new Counter({
-      name,
-      help,
-      labelNames: ['group'],
-      registers: [registry],
-      collect() {
-        const now = read();
-        this.inc({ group: opts.groupId }, now - reported);
-        reported = now;
-      },
-    });
-  };
+  const counter = (name: string, help: string, read: () => number) =>
+    totalCounter(registry, { name, help, read, labels: { group: opts.groupId } });
   counter(
     'cairn_inbox_applied_total',
     'Messages applied (handler ran, inbox row written)',

@@ -1,25 +1,14 @@
-import { Counter, Gauge, Registry } from 'prom-client';
+import { Gauge, Registry } from 'prom-client';
 import type { Db } from '../src/db/database.js';
+import { totalCounter } from '../src/metrics/totalCounter.js';
 import { outboxStatus } from '../src/outbox/status.js';
 import type { Relay } from './relay.js';
 
 /** The relay's Prometheus metrics; database-backed gauges are read at scrape time. */
 export function relayMetrics(relay: Relay, db: Db): Registry {
   const registry = new Registry();
-  // Counters mirror the relay's own totals, read at scrape time.
-  const counter = (name: string, help: string, read: () => number) => {
-    let reported = 0;
-    new Counter({
-      name,
-      help,
-      registers: [registry],
-      collect() {
-        const now = read();
-        this.inc(now - reported);
-        reported = now;
-      },
-    });
-  };
+  const counter = (name: string, help: string, read: () => number) =>
+    totalCounter(registry, { name, help, read });
   counter('cairn_relay_published_total', 'Messages the broker acknowledged', () => relay.stats().published);
   counter('cairn_relay_publish_retries_total', 'Publish attempts retried', () => relay.stats().retries);
   counter(

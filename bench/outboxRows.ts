@@ -1,0 +1,32 @@
+import { sql } from 'kysely';
+import { v7 as uuidv7 } from 'uuid';
+import type { Db } from '../src/db/database.js';
+import type { Executor } from '../src/db/executor.js';
+import { laneOf } from '../src/outbox/lanes.js';
+
+export const PAYLOAD = Buffer.alloc(200, 'x');
+
+export function rows(n: number, keys: number, topic: string) {
+  return Array.from({ length: n }, (_, i) => {
+    const key = `key-${i % keys}`;
+    return { id: uuidv7(), key, lane: laneOf(key), topic };
+  });
+}
+
+export async function insertRows(db: Executor, batch: ReturnType<typeof rows>): Promise<void> {
+  await sql`
+    INSERT INTO outbox (lane, message_id, topic, key, headers, payload)
+    SELECT lane, id, topic, key, jsonb_build_object('cairn-message-id', id::text), ${PAYLOAD}
+      FROM unnest(${batch.map((r) => r.lane)}::int[], ${batch.map((r) => r.id)}::uuid[],
+                  ${batch.map((r) => r.topic)}::text[], ${batch.map((r) => r.key)}::text[]) AS t(lane, id, topic, key)
+  `.execute(db);
+}
+
+export async function outboxCount(db: Db): Promise<number> {
+  const r = await sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox`.execute(db);
+  return r.rows[0]!.n;
+}
+
+export function percentile(sorted: number[], p: number): number {
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? Number.NaN;
+}
