@@ -10,7 +10,16 @@
  */
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { closeSync, existsSync, openSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import {
+  closeSync,
+  existsSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import { Kafka, logLevel } from 'kafkajs';
 import { ensureDir, kafkaPaths } from './paths.js';
 
@@ -167,9 +176,20 @@ function formatStorage(): void {
   );
 }
 
-export function logTail(lines = 40): string {
+/**
+ * The first errors of the broker's log (with the line after each, which holds the exception
+ * message, e.g. "Socket server failed to bind to 127.0.0.1:19092: Address already in use"),
+ * then its last lines: a failed start ends with pages of shutdown noise after the cause.
+ */
+export function logTail(lines = 20): string {
   if (!existsSync(kafkaPaths.log)) return '(no broker log yet)';
-  return readFileSync(kafkaPaths.log, 'utf8').trimEnd().split('\n').slice(-lines).join('\n');
+  const all = readFileSync(kafkaPaths.log, 'utf8').trimEnd().split('\n');
+  const firstErrors: string[] = [];
+  for (let i = 0; i < all.length && firstErrors.length < 6; i++) {
+    if (/\] (ERROR|FATAL) /.test(all[i]!)) firstErrors.push(all[i]!, all[i + 1] ?? '');
+  }
+  const tail = all.slice(-lines).join('\n');
+  return firstErrors.length > 0 ? `${firstErrors.join('\n')}\n...\n${tail}` : tail;
 }
 
 /**
@@ -196,6 +216,8 @@ export async function startLocalKafka(log: (line: string) => void): Promise<{ st
   fetchJars(log);
   writeConfig();
   formatStorage();
+  // One log per start (the previous one kept as broker.log.1), so the tail shows this start.
+  if (existsSync(kafkaPaths.log)) renameSync(kafkaPaths.log, `${kafkaPaths.log}.1`);
   const out = openSync(kafkaPaths.log, 'a');
   const child = spawn('java', java(['kafka.Kafka', kafkaPaths.config], { log4j: true }), {
     detached: true,

@@ -1,7 +1,11 @@
 import { execFile } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, symlinkSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
-import { repoRoot } from '../../scripts/stack/paths.js';
+import { kafkaPaths, repoRoot } from '../../scripts/stack/paths.js';
 import { resolveStack } from '../../scripts/stack/resolve.js';
 
 const run = promisify(execFile);
@@ -35,5 +39,43 @@ describe('unreachable services give a clear error, not a hang', () => {
     } finally {
       process.env = saved;
     }
+  });
+
+  it('a local broker that fails to start says so with the last lines of its log', async (ctx) => {
+    if (!existsSync(kafkaPaths.libs)) ctx.skip(); // the broker jars exist only where the local stack ran
+    const dir = mkdtempSync(join(tmpdir(), 'cairn-stack-'));
+    mkdirSync(join(dir, 'kafka'), { recursive: true });
+    symlinkSync(kafkaPaths.libs, join(dir, 'kafka', 'libs'));
+    // A port this test holds: the broker cannot bind its listener there and exits.
+    const taken = createServer();
+    await new Promise<void>((r) => taken.listen(0, '127.0.0.1', r));
+    const port = (taken.address() as { port: number }).port;
+    const spare = createServer();
+    await new Promise<void>((r) => spare.listen(0, '127.0.0.1', r));
+    const controllerPort = (spare.address() as { port: number }).port;
+    await new Promise((r) => spare.close(r));
+    const result = await run('npx', ['tsx', 'scripts/stack.ts', 'up'], {
+      cwd: repoRoot,
+      env: {
+        ...process.env,
+        CAIRN_STACK_DIR: dir,
+        CAIRN_KAFKA_PORT: String(port),
+        CAIRN_KAFKA_CONTROLLER_PORT: String(controllerPort),
+        KAFKA_BROKERS: '',
+      },
+      timeout: 120_000,
+    })
+      .then(
+        () => ({ code: 0, stderr: '' }),
+        (err: { code: number; stderr: string }) => err,
+      )
+      .finally(() => taken.close());
+    expect(result.code).toBe(1);
+    expect(result.stderr).toMatch(
+      /the Kafka broker (exited|\(pid \d+\) died) .*before it was ready\. Last log lines:/,
+    );
+    expect(result.stderr).toContain(
+      `Socket server failed to bind to 127.0.0.1:${port}: Address already in use`,
+    );
   });
 });
