@@ -8,7 +8,7 @@ import type { Publisher, PublishMessage } from '../src/kafka/publisher.js';
 import { type Logger, silentLogger } from '../src/logger.js';
 import { LANE_COUNT } from '../src/outbox/lanes.js';
 import { OUTBOX_CHANNEL } from '../src/outbox/outbox.js';
-import { type ClaimedRow, claimBatch, parkedAmong } from './sql/claimBatch.js';
+import { type ClaimedRow, claimBatch } from './sql/claimBatch.js';
 import { deleteFenced } from './sql/deleteFenced.js';
 import {
   acquireLanes,
@@ -55,6 +55,8 @@ export interface RelayStats {
   parked: number;
   lanesOwned: number;
   lostLaneDeletes: number;
+  /** The current idle sleep of adaptive polling, in ms (1 while busy). */
+  idleMs: number;
   /** Where the loop waited, in ms: for claimed rows, for the broker's ack, for the previous delete. */
   waitMs: { claim: number; publish: number; delete: number };
 }
@@ -88,6 +90,7 @@ export function createRelay(options: RelayOptions): Relay {
     parked: 0,
     lanesOwned: 0,
     lostLaneDeletes: 0,
+    idleMs: 1,
     waitMs: { claim: 0, publish: 0, delete: 0 },
   };
   const timed = async <T>(what: keyof RelayStats['waitMs'], p: Promise<T>): Promise<T> => {
@@ -231,10 +234,9 @@ export function createRelay(options: RelayOptions): Relay {
     const p = prefetch;
     prefetch = undefined;
     if (p) {
-      const rows = await timed('claim', p);
-      // Lanes may have moved and keys may have been parked since the prefetch was claimed.
-      const parked = await parkedAmong(db, rows);
-      return rows.filter((r) => owned.has(r.lane) && !parked.has(`${r.topic}\u0000${r.key}`));
+      // Lanes may have moved since the prefetch was claimed. (Keys are parked only by the
+      // owner of their lane, in isolatePoison, which drops the prefetch.)
+      return (await timed('claim', p)).filter((r) => owned.has(r.lane));
     }
     return timed('claim', claimBatch(db, [...owned.keys()], batchSize, deletingRows));
   }
@@ -259,6 +261,8 @@ export function createRelay(options: RelayOptions): Relay {
         prefetch = undefined;
         throw new PublishFailed(err);
       }
+      // The prefetch may hold later messages of a key parked now: claim afresh instead.
+      prefetch = undefined;
       sentIds = await isolatePoison(rows);
     }
     options.hooks?.afterPublish?.(
@@ -336,10 +340,12 @@ export function createRelay(options: RelayOptions): Relay {
           const n = owned.size > 0 ? await processBatch() : 0;
           if (n >= batchSize) {
             idle = 1;
+            stats.idleMs = 1;
             continue;
           }
           // Never sleep past a lane renewal: the leases would expire under a sleeping relay.
           idle = n > 0 ? 1 : Math.min(maxIdleMs, renewEveryMs, idle * 2);
+          stats.idleMs = idle;
           await sleep(n > 0 ? 0 : idle);
         } catch (err) {
           prefetch = undefined;

@@ -56,13 +56,3 @@ export async function claimBatch(
   `.execute(db);
   return rows;
 }
-
-/** Which of these rows' keys are parked right now ("topic\u0000key"). */
-export async function parkedAmong(db: Executor, rows: readonly ClaimedRow[]): Promise<Set<string>> {
-  if (rows.length === 0) return new Set();
-  const { rows: parked } = await sql<{ topic: string; key: string }>`
-    SELECT topic, key FROM outbox_parked_key
-     WHERE (topic, key) IN (SELECT * FROM unnest(${rows.map((r) => r.topic)}::text[], ${rows.map((r) => r.key)}::text[]))
-  `.execute(db);
-  return new Set(parked.map((p) => `${p.topic}\u0000${p.key}`));
-}
