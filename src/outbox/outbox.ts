@@ -12,8 +12,14 @@ import {
 } from './message.js';
 
 export interface Outbox {
-  /** Checks messages without writing: throws ValidationError naming the message and field. */
-  validate(messages: readonly OutboxMessageInput[], ctx?: EnqueueContext): void;
+  /**
+   * Validates messages and turns them into rows, without writing: throws ValidationError
+   * naming the message and field. For callers that must refuse bad input before they open
+   * their transaction; `insert` writes the result.
+   */
+  prepare(messages: readonly OutboxMessageInput[], ctx?: EnqueueContext): OutboxRow[];
+  /** Writes prepared rows inside the caller's transaction; returns their message ids. */
+  insert(trx: Executor, rows: readonly OutboxRow[]): Promise<string[]>;
   /**
    * Inserts messages inside the caller's transaction: they exist (and will be published)
    * if and only if that transaction commits. Returns the message ids, in order.
@@ -46,24 +52,24 @@ export interface OutboxOptions {
 export function createOutbox(options: OutboxOptions = {}): Outbox {
   const schemas = new Map(Object.entries(options.schemas ?? {}));
   const maxPayloadBytes = options.maxPayloadBytes ?? DEFAULT_MAX_PAYLOAD_BYTES;
-  return {
-    validate(messages, ctx = {}) {
-      messages.forEach((m, i) => {
-        prepareMessage(m, i, { ...ctx, schemas, maxPayloadBytes });
-      });
+  const outbox: Outbox = {
+    prepare(messages, ctx = {}) {
+      return messages.map((m, i) => prepareMessage(m, i, { ...ctx, schemas, maxPayloadBytes }));
     },
     async enqueue(trx, messages, ctx = {}) {
       if (messages.length === 0) return [];
       // Validate everything before writing anything: a bad message refuses the whole call.
-      const rows: OutboxRow[] = messages.map((m, i) =>
-        prepareMessage(m, i, { ...ctx, schemas, maxPayloadBytes }),
-      );
+      const rows = outbox.prepare(messages, ctx);
       if (ctx.fence && !(await holdsFence(trx, ctx.fence))) {
         throw new LeaseLostError(
           `outbox: lease ${ctx.fence.taskId}/${ctx.fence.branch} with fencing token ${ctx.fence.fencingToken} ` +
             'is no longer current; nothing was enqueued',
         );
       }
+      return outbox.insert(trx, rows);
+    },
+    async insert(trx, rows) {
+      if (rows.length === 0) return [];
       await trx
         .insertInto('outbox')
         .values(
@@ -82,4 +88,5 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
       return rows.map((r) => r.message_id);
     },
   };
+  return outbox;
 }

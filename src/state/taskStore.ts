@@ -237,7 +237,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
         if (input.messages?.length || input.fence || checkpoint) {
           // Validate the messages before touching the database; then the fence check, the CAS
           // and the messages in one transaction.
-          if (input.messages?.length) outbox.validate(input.messages, ctx);
+          const rows = input.messages?.length ? outbox.prepare(input.messages, ctx) : [];
           swapped = await inTransaction(o.db, input.trx, async (t) => {
             if (input.fence && !(await holdsFence(t, input.fence))) {
               throw new LeaseLostError(
@@ -246,7 +246,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
               );
             }
             if (!(await cas(t))) return false;
-            if (input.messages?.length) messageIds = await outbox.enqueue(t, input.messages, ctx);
+            messageIds = await outbox.insert(t, rows);
             if (checkpoint)
               await o.checkpointer!.take(t, { createdBy: input.actor, ...checkpoint, state: next });
             return true;
