@@ -1,12 +1,12 @@
 import { randomUUID } from 'node:crypto';
 import { sql } from 'kysely';
+import { canonicalBytes, sha256 } from '../canonical.js';
 import type { Db } from '../db/database.js';
 import type { Executor, Trx } from '../db/executor.js';
 import { ValidationError } from '../errors.js';
 import type { TaskState } from '../schemas/taskState.js';
 import { zodIssues } from '../schemas/zodIssues.js';
 import { parseStoredTaskState } from '../state/parseStored.js';
-import { canonicalBytes, sha256 } from './canonical.js';
 import {
   CHECKPOINT_V1,
   CHECKPOINT_V2,

@@ -1,5 +1,5 @@
 import { createHmac, timingSafeEqual } from 'node:crypto';
-import { canonicalBytes } from './canonical.js';
+import { canonicalBytes } from '../canonical.js';
 import type { Checkpoint } from './schema.js';
 
 /** Signing keys by id; `current` signs, every key in `keys` verifies (so keys can rotate). */

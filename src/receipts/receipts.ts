@@ -1,127 +1,45 @@
-import { createHash, randomUUID } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
-import canonicalize from 'canonicalize';
 import { sql } from 'kysely';
-import type { Checkpointer } from '../checkpoints/checkpoints.js';
-import type { Db } from '../db/database.js';
+import { canonicalBytes, sha256 } from '../canonical.js';
 import type { ReceiptStatus } from '../db/types.js';
 import { LeaseLostError, NotFoundError, ValidationError } from '../errors.js';
 import type { Lease } from '../leases/leases.js';
 import { holdsFence } from '../leases/sql/fenceCheck.js';
-import { type Logger, silentLogger } from '../logger.js';
+import { silentLogger } from '../logger.js';
 import { parseStoredTaskState } from '../state/parseStored.js';
-import type { TaskStore } from '../state/taskStore.js';
+import { receiptOwnerAlive } from './sql/ownerAlive.js';
+import { reclaimReceipt } from './sql/reclaim.js';
+import type {
+  ReceiptRow,
+  ReceiptStore,
+  ReceiptStoreOptions,
+  ReconcileAction,
+  Ref,
+  RunOnceInput,
+  RunOnceResult,
+} from './types.js';
 
-export type UncertainPolicy = 'compensate' | 'gate' | 'retry';
-
-export interface EffectContext {
-  /** Deterministic for (task, step, tool, canonical args): pass it to the external API as its idempotency key. */
-  idempotencyKey: string;
-  receiptId: string;
-  attempt: number;
-}
-
-export interface RunOnceInput<T> {
-  taskId: string;
-  step: string;
-  tool: string;
-  args: unknown;
-  effect: (ctx: EffectContext) => Promise<T>;
-  /** What to do with a receipt left `started` by a worker that died: never a blind retry. */
-  onUncertain: UncertainPolicy;
-  /** `retry` is allowed only for tools declared idempotent (the external API dedupes by the key). */
-  idempotentTool?: boolean;
-  irreversible?: boolean;
-  /** Undoes the effect; runs under a receipt of its own. Required for `compensate`. */
-  compensate?: (ctx: EffectContext) => Promise<unknown>;
-  /** The lease the work runs under: the intent is refused (LeaseLostError) unless it is current. */
-  lease?: Lease;
-  /** For `gate`: record the wait for a human in TaskState and its audit log. */
-  gate?: { store: TaskStore; actor: string };
-  /** Keep only a sha256 digest of the result, not the result itself. */
-  digestOnly?: boolean;
-}
-
-interface Ref {
-  receiptId: string;
-  idempotencyKey: string;
-}
-
-export type RunOnceResult<T> =
-  | (Ref & { status: 'succeeded'; result: T; ran: boolean })
-  | (Ref & { status: 'failed'; error: string })
-  | (Ref & { status: 'in_progress'; worker: string })
-  | (Ref & { status: 'compensated'; compensationReceiptId: string })
-  | (Ref & { status: 'gated' });
-
-export interface ReceiptRow {
-  receipt_id: string;
-  idempotency_key: string;
-  task_id: string;
-  step: string;
-  tool: string;
-  status: ReceiptStatus;
-  attempt: number;
-  worker: string;
-  result: unknown;
-  result_digest: string | null;
-  error: string | null;
-  resolution: string | null;
-  started_at: Date;
-  finished_at: Date | null;
-}
-
-export interface ReceiptStore {
-  runOnce<T>(input: RunOnceInput<T>): Promise<RunOnceResult<T>>;
-  byKey(idempotencyKey: string): Promise<ReceiptRow | undefined>;
-  byTask(taskId: string): Promise<ReceiptRow[]>;
-  /**
-   * For resume: settles every receipt of a task. Succeeded ones are skipped; ones left started
-   * by a dead worker (or uncertain) are compensated when a compensator for their tool is
-   * given, else gated; a running one is reported in progress.
-   */
-  reconcile(
-    taskId: string,
-    opts: {
-      compensators?: Record<string, (ctx: EffectContext) => Promise<unknown>>;
-      gate?: { store: TaskStore; actor: string };
-    },
-  ): Promise<Array<{ receiptId: string; tool: string; step: string; action: ReconcileAction }>>;
-  /** A human's decision on a gated receipt: what really happened outside. */
-  resolveGate(
-    receiptId: string,
-    decision: { outcome: 'succeeded' | 'failed'; actor: string; reason: string },
-  ): Promise<void>;
-}
-
-export type ReconcileAction = 'skip' | 'may_run' | 'in_progress' | 'compensated' | 'gated' | 'settled';
-
-export interface ReceiptStoreOptions {
-  db: Db;
-  logger?: Logger;
-  /** Identity written on receipts; defaults to the lease's agent, else host:pid. */
-  worker?: string;
-  /** Without a lease, a `started` receipt older than this (database clock) counts as abandoned. */
-  abandonAfterMs?: number;
-  /** Takes a checkpoint in the same transaction as the intent of an irreversible effect. */
-  checkpointer?: Checkpointer;
-  /** Crash tests: named points where a worker can be killed. */
-  hooks?: { afterIntent?(): void; afterEffect?(): void };
-}
+export type {
+  EffectContext,
+  ReceiptRow,
+  ReceiptStore,
+  ReceiptStoreOptions,
+  ReconcileAction,
+  RunOnceInput,
+  RunOnceResult,
+  UncertainPolicy,
+} from './types.js';
 
 export function idempotencyKeyOf(a: { taskId: string; step: string; tool: string; args: unknown }): string {
-  const canonical = canonicalize({ task_id: a.taskId, step: a.step, tool: a.tool, args: a.args ?? null });
-  if (canonical === undefined) {
+  try {
+    return sha256(canonicalBytes({ task_id: a.taskId, step: a.step, tool: a.tool, args: a.args ?? null }));
+  } catch {
     throw new ValidationError('receipt args', [{ path: 'args', message: 'must be JSON-serializable' }]);
   }
-  return `sha256:${createHash('sha256').update(canonical).digest('hex')}`;
 }
 
-function digestOf(value: unknown): string {
-  return `sha256:${createHash('sha256')
-    .update(canonicalize(value ?? null) ?? 'null')
-    .digest('hex')}`;
-}
+const digestOf = (value: unknown): string => sha256(canonicalBytes(value ?? null));
 
 const COLUMNS = [
   'receipt_id',
@@ -238,46 +156,9 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
     return { ...ref, status: 'succeeded', result, ran: true };
   }
 
-  /** Takes a receipt back to `started` for another attempt, if it is still in `from`. */
-  async function reclaim(
-    receiptId: string,
-    from: ReceiptStatus,
-    worker: string,
-    lease?: Lease,
-  ): Promise<number | undefined> {
-    const row = await db
-      .updateTable('tool_receipt')
-      .set((eb) => ({
-        status: 'started',
-        attempt: eb('attempt', '+', 1),
-        worker,
-        error: null,
-        lease_task_id: lease?.taskId ?? null,
-        lease_branch: lease?.branch ?? null,
-        lease_id: lease?.leaseId ?? null,
-        fencing_token: lease?.fencingToken ?? null,
-        started_at: sql<Date>`now()`,
-      }))
-      .where('receipt_id', '=', receiptId)
-      .where('status', '=', from)
-      .returning('attempt')
-      .executeTakeFirst();
-    return row?.attempt;
-  }
-
-  /** Is the worker that left this receipt `started` still alive (its lease current, by the database clock)? */
-  async function ownerAlive(receiptId: string): Promise<boolean> {
-    const { rows } = await sql<{ alive: boolean }>`
-      SELECT CASE
-               WHEN r.lease_id IS NULL THEN r.started_at > now() - make_interval(secs => ${abandonAfterMs / 1000})
-               ELSE EXISTS (SELECT 1 FROM task_lease l
-                             WHERE l.task_id = r.lease_task_id AND l.branch = r.lease_branch
-                               AND l.lease_id = r.lease_id AND l.holder IS NOT NULL AND l.expires_at > now())
-             END AS alive
-        FROM tool_receipt r WHERE r.receipt_id = ${receiptId}::uuid
-    `.execute(db);
-    return rows[0]?.alive ?? false;
-  }
+  const reclaim = (receiptId: string, from: ReceiptStatus, worker: string, lease?: Lease) =>
+    reclaimReceipt(db, { receiptId, from, worker, ...(lease ? { lease } : {}) });
+  const ownerAlive = (receiptId: string) => receiptOwnerAlive(db, receiptId, abandonAfterMs);
 
   async function resolveUncertain<T>(
     input: RunOnceInput<T>,

@@ -1,4 +1,4 @@
-import { canonicalBytes, sha256 } from '../checkpoints/canonical.js';
+import { canonicalBytes, sha256 } from '../canonical.js';
 import type { Checkpointer, StoredCheckpoint } from '../checkpoints/checkpoints.js';
 import type { Db } from '../db/database.js';
 import { CairnError, LeaseHeldError, NotFoundError } from '../errors.js';

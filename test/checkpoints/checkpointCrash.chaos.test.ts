@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { canonicalBytes, sha256 } from '../../src/checkpoints/canonical.js';
+import { canonicalBytes, sha256 } from '../../src/canonical.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';

@@ -1,0 +1,103 @@
+import type { Checkpointer } from '../checkpoints/checkpoints.js';
+import type { Db } from '../db/database.js';
+import type { ReceiptStatus } from '../db/types.js';
+import type { Lease } from '../leases/leases.js';
+import type { Logger } from '../logger.js';
+import type { TaskStore } from '../state/taskStore.js';
+
+export type UncertainPolicy = 'compensate' | 'gate' | 'retry';
+
+export interface EffectContext {
+  /** Deterministic for (task, step, tool, canonical args): pass it to the external API as its idempotency key. */
+  idempotencyKey: string;
+  receiptId: string;
+  attempt: number;
+}
+
+export interface RunOnceInput<T> {
+  taskId: string;
+  step: string;
+  tool: string;
+  args: unknown;
+  effect: (ctx: EffectContext) => Promise<T>;
+  /** What to do with a receipt left `started` by a worker that died: never a blind retry. */
+  onUncertain: UncertainPolicy;
+  /** `retry` is allowed only for tools declared idempotent (the external API dedupes by the key). */
+  idempotentTool?: boolean;
+  irreversible?: boolean;
+  /** Undoes the effect; runs under a receipt of its own. Required for `compensate`. */
+  compensate?: (ctx: EffectContext) => Promise<unknown>;
+  /** The lease the work runs under: the intent is refused (LeaseLostError) unless it is current. */
+  lease?: Lease;
+  /** For `gate`: record the wait for a human in TaskState and its audit log. */
+  gate?: { store: TaskStore; actor: string };
+  /** Keep only a sha256 digest of the result, not the result itself. */
+  digestOnly?: boolean;
+}
+
+export interface Ref {
+  receiptId: string;
+  idempotencyKey: string;
+}
+
+export type RunOnceResult<T> =
+  | (Ref & { status: 'succeeded'; result: T; ran: boolean })
+  | (Ref & { status: 'failed'; error: string })
+  | (Ref & { status: 'in_progress'; worker: string })
+  | (Ref & { status: 'compensated'; compensationReceiptId: string })
+  | (Ref & { status: 'gated' });
+
+export interface ReceiptRow {
+  receipt_id: string;
+  idempotency_key: string;
+  task_id: string;
+  step: string;
+  tool: string;
+  status: ReceiptStatus;
+  attempt: number;
+  worker: string;
+  result: unknown;
+  result_digest: string | null;
+  error: string | null;
+  resolution: string | null;
+  started_at: Date;
+  finished_at: Date | null;
+}
+
+export interface ReceiptStore {
+  runOnce<T>(input: RunOnceInput<T>): Promise<RunOnceResult<T>>;
+  byKey(idempotencyKey: string): Promise<ReceiptRow | undefined>;
+  byTask(taskId: string): Promise<ReceiptRow[]>;
+  /**
+   * For resume: settles every receipt of a task. Succeeded ones are skipped; ones left started
+   * by a dead worker (or uncertain) are compensated when a compensator for their tool is
+   * given, else gated; a running one is reported in progress.
+   */
+  reconcile(
+    taskId: string,
+    opts: {
+      compensators?: Record<string, (ctx: EffectContext) => Promise<unknown>>;
+      gate?: { store: TaskStore; actor: string };
+    },
+  ): Promise<Array<{ receiptId: string; tool: string; step: string; action: ReconcileAction }>>;
+  /** A human's decision on a gated receipt: what really happened outside. */
+  resolveGate(
+    receiptId: string,
+    decision: { outcome: 'succeeded' | 'failed'; actor: string; reason: string },
+  ): Promise<void>;
+}
+
+export type ReconcileAction = 'skip' | 'may_run' | 'in_progress' | 'compensated' | 'gated' | 'settled';
+
+export interface ReceiptStoreOptions {
+  db: Db;
+  logger?: Logger;
+  /** Identity written on receipts; defaults to the lease's agent, else host:pid. */
+  worker?: string;
+  /** Without a lease, a `started` receipt older than this (database clock) counts as abandoned. */
+  abandonAfterMs?: number;
+  /** Takes a checkpoint in the same transaction as the intent of an irreversible effect. */
+  checkpointer?: Checkpointer;
+  /** Crash tests: named points where a worker can be killed. */
+  hooks?: { afterIntent?(): void; afterEffect?(): void };
+}
