@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import pg from 'pg';
+import { createScratchDatabase } from '../scripts/lib/scratchDatabase.js';
 import { resolveStack, type Stack } from '../scripts/stack/resolve.js';
 import { createDb, type Db } from '../src/db/database.js';
 import { migrateToLatest } from '../src/db/migrate.js';
@@ -14,14 +14,11 @@ export interface BenchEnv {
 /** A fresh, migrated database of its own for one benchmark run (dropped at close). */
 export async function benchDatabase(label: string, max = 20): Promise<BenchEnv> {
   const stack = await resolveStack((l) => console.error(`[cairn stack] ${l}`));
-  const name = `cairn_bench_${label}_${randomBytes(3).toString('hex')}`;
-  const admin = new pg.Client({ connectionString: stack.databaseUrl });
-  await admin.connect();
-  await admin.query(`CREATE DATABASE ${pg.escapeIdentifier(name)} TEMPLATE template0`);
-  await admin.end();
-  const u = new URL(stack.databaseUrl);
-  u.pathname = `/${name}`;
-  const url = u.toString();
+  const scratch = await createScratchDatabase(
+    stack.databaseUrl,
+    `cairn_bench_${label}_${randomBytes(3).toString('hex')}`,
+  );
+  const url = scratch.url;
   const db = createDb({ connectionString: url, max });
   await migrateToLatest(db);
   return {
@@ -30,10 +27,7 @@ export async function benchDatabase(label: string, max = 20): Promise<BenchEnv> 
     url,
     async close() {
       await db.destroy();
-      const a = new pg.Client({ connectionString: stack.databaseUrl });
-      await a.connect();
-      await a.query(`DROP DATABASE IF EXISTS ${pg.escapeIdentifier(name)} WITH (FORCE)`);
-      await a.end();
+      await scratch.drop();
       await stack.stop();
     },
   };

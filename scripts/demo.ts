@@ -10,7 +10,6 @@
 import { parseArgs } from 'node:util';
 import { Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
-import pg from 'pg';
 import { createDb } from '../src/db/database.js';
 import { migrateToLatest } from '../src/db/migrate.js';
 import { kafkaClient } from '../src/kafka/publisher.js';
@@ -20,6 +19,7 @@ import { createTaskStore } from '../src/state/taskStore.js';
 import { verifyDemo } from './demo/verify.js';
 import { ROLES, type Role, topicOf, WORKFLOW_DEFINITION } from './demo/workflow.js';
 import { startSink } from './lib/effectSink.js';
+import { createScratchDatabase } from './lib/scratchDatabase.js';
 import { type Child, sigkill, sigterm, spawnTs } from './lib/spawnTs.js';
 import { startLocalKafka, stopLocalKafka } from './stack/kafka.js';
 import { resolveStack } from './stack/resolve.js';
@@ -58,16 +58,7 @@ if (!/^[a-z_][a-z0-9_]{0,62}$/.test(dbName)) {
   console.error(`demo: --database must be a plain lower-case name (got ${dbName})`);
   process.exit(2);
 }
-{
-  const admin = new pg.Client({ connectionString: stack.databaseUrl });
-  await admin.connect();
-  await admin.query(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`);
-  await admin.query(`CREATE DATABASE ${dbName}`);
-  await admin.end();
-}
-const url = new URL(stack.databaseUrl);
-url.pathname = `/${dbName}`;
-const databaseUrl = url.toString();
+const { url: databaseUrl } = await createScratchDatabase(stack.databaseUrl, dbName, { recreate: true });
 const db = createDb({ connectionString: databaseUrl, max: 6, applicationName: 'cairn-demo-orchestrator' });
 await migrateToLatest(db);
 await sql`CREATE TABLE demo_event (kind text NOT NULL, n int NOT NULL, at timestamptz NOT NULL DEFAULT now())`.execute(

@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
-import pg from 'pg';
 import { inject } from 'vitest';
+import { createScratchDatabase } from '../../scripts/lib/scratchDatabase.js';
 import { createDb, type Db } from '../../src/db/database.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
@@ -11,22 +11,6 @@ export interface TestDatabase {
   db: Db;
   /** Drops the database (terminating its sessions). */
   drop(): Promise<void>;
-}
-
-function withDatabase(url: string, name: string): string {
-  const u = new URL(url);
-  u.pathname = `/${name}`;
-  return u.toString();
-}
-
-async function admin<T>(fn: (c: pg.Client) => Promise<T>): Promise<T> {
-  const client = new pg.Client({ connectionString: inject('databaseUrl'), connectionTimeoutMillis: 5000 });
-  await client.connect();
-  try {
-    return await fn(client);
-  } finally {
-    await client.end();
-  }
 }
 
 /**
@@ -41,8 +25,8 @@ export async function createTestDatabase(
     .replace(/[^a-z0-9]/gi, '_')
     .toLowerCase()
     .slice(0, 30)}_${randomBytes(4).toString('hex')}`;
-  await admin((c) => c.query(`CREATE DATABASE ${pg.escapeIdentifier(name)} TEMPLATE template0`));
-  const url = withDatabase(inject('databaseUrl'), name);
+  const scratch = await createScratchDatabase(inject('databaseUrl'), name);
+  const url = scratch.url;
   const db = createDb({ connectionString: url, max: opts.max ?? 10 });
   if (opts.migrate !== false) await migrateToLatest(db);
   return {
@@ -51,7 +35,7 @@ export async function createTestDatabase(
     db,
     async drop() {
       await db.destroy();
-      await admin((c) => c.query(`DROP DATABASE IF EXISTS ${pg.escapeIdentifier(name)} WITH (FORCE)`));
+      await scratch.drop();
     },
   };
 }
