@@ -16,6 +16,7 @@ import { type Policy, resume, workflowDigestOf } from '../../src/recovery/resume
 import type { TaskPatch } from '../../src/schemas/taskPatch.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
+import { waitForLeaseExpiry } from '../support/leases.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
 const run = promisify(execFile);
@@ -227,7 +228,7 @@ describe('resume', () => {
     expect((await checkpoints.list('cp-e2e'))[0]!.checkpoint.reason).toMatch(
       /^before irreversible effect: deployer at deploy/,
     );
-    await new Promise((res) => setTimeout(res, 400));
+    await waitForLeaseExpiry(tdb.db, 'cp-e2e', 'main');
 
     const compensated: string[] = [];
     const plan = await resume(

@@ -11,6 +11,7 @@ import { resume, workflowDigestOf } from '../../src/recovery/resume.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
 import { callSink, type Sink, startSink } from '../support/effectSink.js';
+import { waitForLeaseExpiry } from '../support/leases.js';
 import { spawnTs } from '../support/processes.js';
 import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
@@ -91,7 +92,7 @@ describe('resume end to end (real processes, Postgres, Kafka)', () => {
     );
     for (const c of consumers) void c.run();
 
-    await new Promise((r) => setTimeout(r, 1200)); // worker-a's 1 s lease runs out
+    await waitForLeaseExpiry(tdb.db, 'e2e', 'main'); // worker-a's 1 s lease runs out
     const receipts = createReceiptStore({ db: tdb.db, checkpointer: checkpoints });
     const leases = createLeaseManager({ db: tdb.db });
     const opts = {
@@ -147,7 +148,30 @@ describe('resume end to end (real processes, Postgres, Kafka)', () => {
       const n = await sql<{ n: number }>`SELECT count(*)::int AS n FROM applied`.execute(tdb.db);
       return n.rows[0]!.n >= 2;
     });
-    await new Promise((res) => setTimeout(res, 500)); // a late duplicate would show up here
+    // Everything the relay published has been read and committed by both groups: a duplicate
+    // delivery would have been applied by now.
+    await waitFor(
+      'the outbox to drain',
+      async () => (await tdb.db.selectFrom('outbox').select('id').execute()).length === 0,
+    );
+    const check = kafkaClient(kafkaBrokers(), 'resume-e2e-lag').admin();
+    await check.connect();
+    try {
+      const ends = await check.fetchTopicOffsets(topic);
+      for (const grp of ['billing', 'notifier']) {
+        await waitFor(`${grp} to commit to the end of the topic`, async () => {
+          const [committed] = await check.fetchOffsets({ groupId: `${topic}.${grp}`, topics: [topic] });
+          return ends.every(
+            (e) =>
+              Number(e.high) === 0 ||
+              Number(committed!.partitions.find((p) => p.partition === e.partition)?.offset ?? -1) >=
+                Number(e.high),
+          );
+        });
+      }
+    } finally {
+      await check.disconnect();
+    }
     const applied = await sql<{
       grp: string;
       n: number;

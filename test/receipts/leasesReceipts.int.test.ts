@@ -6,6 +6,7 @@ import { createReceiptStore } from '../../src/receipts/receipts.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
 import { callSink, type Sink, startSink } from '../support/effectSink.js';
+import { waitForDbClockPast, waitForLeaseExpiry } from '../support/leases.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
 let tdb: TestDatabase;
@@ -19,7 +20,8 @@ afterAll(async () => {
   await tdb.drop();
 });
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+/** How long the simulated effect takes: it holds the race window open for the other workers. */
+const effectTakes = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 describe('leases with fencing tokens', () => {
   it('expiry and take-over: the old holder’s write with its stale token is refused, the new holder’s succeeds, tokens only grow', async () => {
@@ -41,7 +43,7 @@ describe('leases with fencing tokens', () => {
       ttlSeconds: 5,
     });
     expect(early).toMatchObject({ ok: false, holder: 'agent-a' });
-    await sleep(700);
+    await waitForLeaseExpiry(tdb.db, 'lease-1', 'main');
     const b = await leases.acquire({ taskId: 'lease-1', branch: 'main', agentId: 'agent-b', ttlSeconds: 5 });
     expect(b.ok).toBe(true);
     if (!b.ok) return;
@@ -109,7 +111,7 @@ describe('leases with fencing tokens', () => {
         ttlSeconds: 0.3,
       });
       if (!slow.ok) throw new Error('expected the lease');
-      await sleep(500);
+      await waitForLeaseExpiry(tdb.db, 'skew', 'slow');
       // By its own clock the lease has ~10 minutes left; by the database's it expired.
       expect(slow.expiresAt.getTime()).toBeGreaterThan(Date.now());
       expect(await leases.renew(slow, 30)).toEqual({ ok: false });
@@ -132,7 +134,8 @@ describe('leases with fencing tokens', () => {
     const kept = await leases.withLease(
       { taskId: 'wl', branch: 'main', agentId: 'w', ttlSeconds: 0.3 },
       async (lease) => {
-        await sleep(1000); // three TTLs: only renewals keep it
+        // Well past three TTLs after the first expiry (database clock): only renewals keep it.
+        await waitForDbClockPast(tdb.db, lease.expiresAt, 900);
         return (await leases.renew(lease, 0.3)).ok;
       },
     );
@@ -209,7 +212,7 @@ describe('tool receipts', () => {
               onUncertain: 'gate',
               effect: async ({ idempotencyKey }) => {
                 effects++;
-                await sleep(50);
+                await effectTakes(50);
                 return callSink(sink.url, '/apply', 'race', idempotencyKey);
               },
             }),
@@ -234,7 +237,7 @@ describe('tool receipts', () => {
           onUncertain: 'gate',
           effect: async () => {
             effects++;
-            await sleep(50);
+            await effectTakes(50);
             return 'sent';
           },
         }),
@@ -274,7 +277,7 @@ describe('tool receipts', () => {
       ).rejects.toThrow('worker died');
     };
     for (const step of ['s-comp', 's-gate', 's-retry']) await dieAt(step);
-    await sleep(400);
+    for (const step of ['s-comp', 's-gate', 's-retry']) await waitForLeaseExpiry(tdb.db, 'unc', step);
 
     const receipts = createReceiptStore({ db: tdb.db });
     let effects = 0;

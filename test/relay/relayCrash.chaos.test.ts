@@ -99,24 +99,23 @@ describe('relay under crashes (real processes, real broker)', () => {
         env(`relay-${slot}-g${generation++}`, slot === 0 ? { CAIRN_FAULT_KILL_AFTER_PUBLISH: '3' } : {}),
       );
     const relays: Child[] = [start(0), start(1), start(2)];
+    // Whenever relay 0 dies at its named point, start the next incarnation (which will too).
     let selfKills = 0;
-    const watchSlot0 = (async () => {
-      while (writing || selfKills < 2) {
-        const code = await Promise.race([
-          relays[0]!.exited,
-          new Promise((r) => setTimeout(() => r('alive'), 200)),
-        ]);
-        if (code !== 'alive' && relays[0]!.proc.signalCode === 'SIGKILL') {
-          selfKills++;
-          relays[0] = start(0);
-        }
-      }
-    })();
+    let restarting = true;
+    const restartSlot0 = (child: Child): void => {
+      void child.exited.then(() => {
+        if (!restarting || relays[0] !== child || child.proc.signalCode !== 'SIGKILL') return;
+        selfKills++;
+        relays[0] = start(0);
+        restartSlot0(relays[0]);
+      });
+    };
+    restartSlot0(relays[0]!);
 
     let kills = 0;
     const chaos = (async () => {
       while (writing || kills < 6) {
-        await new Promise((r) => setTimeout(r, 700));
+        await new Promise((r) => setTimeout(r, 700)); // the pace of the faults, not a wait for a condition
         const slot = 1 + (kills % 2);
         await sigkill(relays[slot]!);
         kills++;
@@ -126,7 +125,8 @@ describe('relay under crashes (real processes, real broker)', () => {
     const sent = await writeLoad(topic, 8, 200, 15); // 3,000 messages
     writing = false;
     await chaos;
-    await watchSlot0;
+    await waitFor('relay 0 to die at its named point twice', () => selfKills >= 2, 60_000);
+    restarting = false;
 
     await waitFor('the outbox to drain', outboxEmpty, 90_000);
     const got = await readTopic(
@@ -161,7 +161,7 @@ describe('relay under crashes (real processes, real broker)', () => {
 
     await stopLocalKafka();
     const whileDown = await writeLoad(topic, 4, 40, 5, 'down');
-    await new Promise((r) => setTimeout(r, 10_000));
+    await new Promise((r) => setTimeout(r, 10_000)); // the outage the test is about: 10 s without a broker
     expect(await outboxEmpty()).toBe(false);
     await startLocalKafka(() => {});
 

@@ -30,8 +30,8 @@ describe('relay wake-up by LISTEN/NOTIFY', () => {
     });
     const running = relay.run();
     try {
-      // Idle polls double from 1 ms: after 5 s the relay sleeps until about 8.2 s.
-      await new Promise((r) => setTimeout(r, 5000));
+      // Idle polls double from 1 ms; once a sleep is 4 s long, polling alone would take seconds.
+      await waitFor('the relay to back off to 4 s sleeps', () => relay.stats().idleMs >= 4096, 30_000);
       const outbox = createOutbox({ notify: true });
       await tdb.db
         .transaction()

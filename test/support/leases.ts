@@ -1,0 +1,42 @@
+import { sql } from 'kysely';
+import type { Db } from '../../src/db/database.js';
+import { waitFor } from './topicReader.js';
+
+/** Waits until the lease of (task, branch) has expired by the database clock. */
+export async function waitForLeaseExpiry(
+  db: Db,
+  taskId: string,
+  branch: string,
+  deadlineMs = 30_000,
+): Promise<void> {
+  await waitFor(
+    `the lease ${taskId}/${branch} to expire`,
+    async () => {
+      const { rows } = await sql<{ expired: boolean }>`
+        SELECT coalesce(bool_and(expires_at <= now()), true) AS expired
+          FROM task_lease WHERE task_id = ${taskId} AND branch = ${branch}`.execute(db);
+      return rows[0]!.expired;
+    },
+    deadlineMs,
+  );
+}
+
+/** Waits until the database clock has passed `instant` by `marginMs`. */
+export async function waitForDbClockPast(
+  db: Db,
+  instant: Date,
+  marginMs: number,
+  deadlineMs = 30_000,
+): Promise<void> {
+  await waitFor(
+    `the database clock to pass ${instant.toISOString()} + ${marginMs} ms`,
+    async () => {
+      const { rows } = await sql<{ past: boolean }>`
+        SELECT now() > ${instant}::timestamptz + make_interval(secs => ${marginMs / 1000}) AS past`.execute(
+        db,
+      );
+      return rows[0]!.past;
+    },
+    deadlineMs,
+  );
+}
