@@ -13,11 +13,10 @@ import { sql } from 'kysely';
 import { createDb } from '../src/db/database.js';
 import { migrateToLatest } from '../src/db/migrate.js';
 import { kafkaClient } from '../src/kafka/publisher.js';
-import { createOutbox } from '../src/outbox/outbox.js';
-import { workflowDigestOf } from '../src/recovery/resume.js';
 import { createTaskStore } from '../src/state/taskStore.js';
+import { createDemoTask } from './demo/tasks.js';
 import { verifyDemo } from './demo/verify.js';
-import { ROLES, type Role, topicOf, WORKFLOW_DEFINITION } from './demo/workflow.js';
+import { ROLES, type Role, topicOf } from './demo/workflow.js';
 import { startSink } from './lib/effectSink.js';
 import { createScratchDatabase } from './lib/scratchDatabase.js';
 import { type Child, sigkill, sigterm, spawnTs } from './lib/spawnTs.js';
@@ -101,30 +100,7 @@ for (const n of names) start(n);
 
 // --- tasks -------------------------------------------------------------------------------
 const store = createTaskStore({ db });
-const outbox = createOutbox();
-for (let i = 0; i < TASKS; i++) {
-  const taskId = `demo-${String(i).padStart(4, '0')}`;
-  await db.transaction().execute(async (trx) => {
-    await store.create({
-      task: {
-        tenant_id: 'demo',
-        task_id: taskId,
-        workflow_digest: workflowDigestOf(WORKFLOW_DEFINITION),
-        intent_id: `intent-${i}`,
-        budget: { currency_committed_usd: 5, currency_spent_usd: 0, tokens_spent: 0, hops_used: 0 },
-      },
-      actor: 'spiffe://demo.cairn.local/orchestrator',
-      trx,
-    });
-    await outbox.enqueue(
-      trx,
-      [{ topic: topicOf(run, 'planning'), key: taskId, payload: { task: taskId, stage: 'planning' } }],
-      {
-        taskVersion: 1,
-      },
-    );
-  });
-}
+for (let i = 0; i < TASKS; i++) await createDemoTask(db, store, run, i);
 
 // --- chaos -------------------------------------------------------------------------------
 let crashes = 0;

@@ -35,6 +35,10 @@ export function createDb(options: DbOptions): Db {
   // An idle client whose backend is killed emits 'error' on the pool; without a listener
   // that would crash the process. The next query simply gets a fresh connection.
   pool.on('error', () => {});
+  // A checked-out client whose server dies between two queries (a transaction in progress
+  // when the primary crashes) emits 'error' with no pool listener attached: the next query
+  // on it fails and the pool drops it; without this listener the process would crash.
+  pool.on('connect', (client) => client.on('error', () => {}));
   return new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
 }
 

@@ -1,0 +1,449 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { sql } from 'kysely';
+import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
+import { createDb, type Db } from '../../src/db/database.js';
+import { migrateToLatest } from '../../src/db/migrate.js';
+import { kafkaClient } from '../../src/kafka/publisher.js';
+import { createLeaseManager } from '../../src/leases/leases.js';
+import { createReceiptStore } from '../../src/receipts/receipts.js';
+import { checkAfterFailover, type FailoverReport } from '../../src/recovery/failover.js';
+import { resume, workflowDigestOf } from '../../src/recovery/resume.js';
+import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
+import { isTerminal } from '../../src/state/transitions.js';
+import { createDemoTask } from '../demo/tasks.js';
+import { type Check, verifyDemo } from '../demo/verify.js';
+import { ROLES, type Role, topicOf, WORKFLOW_DEFINITION } from '../demo/workflow.js';
+import { type Sink, startSink } from '../lib/effectSink.js';
+import { type Child, sigkill, sigterm, spawnTs } from '../lib/spawnTs.js';
+import {
+  type PgServer,
+  partition,
+  requireSynchronous,
+  restart,
+  startPrimary,
+  startStandby,
+} from './pgCluster.js';
+
+export interface FailoverOptions {
+  mode: 'sync' | 'async';
+  tasks: number;
+  workMs: number;
+  kafkaBrokers: string;
+  timeoutS: number;
+  log: (line: string) => void;
+}
+
+export interface FailoverResult {
+  mode: 'sync' | 'async';
+  tasks: number;
+  /** Kill of region A to the first transition an agent committed in region B. */
+  rtoMs: number | null;
+  promoteMs: number;
+  checkMs: number;
+  resumeMs: number;
+  report: FailoverReport;
+  /** Witness writes acknowledged by region A, and how many of them region B lacks. */
+  witness: { acked: number; lost: number };
+  /** From region A's own data folder, restarted after the test: tasks whose version B lacked. */
+  truth: { tasksBehind: string[]; falselyFlagged: string[] };
+  resumed: number;
+  checks: Check[];
+  violations: number;
+}
+
+const ROLE_NAMES = Object.keys(ROLES) as Role[];
+const WITNESSES = 3;
+const waitUntil = async (what: string, check: () => Promise<boolean>, deadlineMs: number) => {
+  const until = Date.now() + deadlineMs;
+  while (!(await check())) {
+    if (Date.now() > until) throw new Error(`failover: timed out after ${deadlineMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+};
+const demoProgress = async (db: Db) =>
+  (
+    await sql<{
+      n: number;
+    }>`SELECT coalesce(sum(version), 0)::int AS n FROM task_state WHERE task_id LIKE 'demo-%'`.execute(db)
+  ).rows[0]!.n;
+
+/**
+ * Region A (a primary, a relay, four agents) runs the demo workflow while a witness writer
+ * records every transition region A acknowledges; region B is a streaming standby. Region A
+ * is killed (SIGKILL, immediate stop), B is promoted, checked against the broker and the
+ * effect sink, started, and every task is resumed from its checkpoint. In `async` mode the
+ * standby is cut off first, so that region A commits work region B never receives.
+ */
+export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
+  const root = mkdtempSync(join(tmpdir(), 'cairn-failover-'));
+  const procs: Child[] = [];
+  const servers: PgServer[] = [];
+  const dbs: Db[] = [];
+  let sink: Sink | undefined;
+  try {
+    // --- regions ------------------------------------------------------------------------
+    const a = await startPrimary(root, 'region_a');
+    servers.push(a);
+    await a.query('CREATE DATABASE cairn');
+    const dbA = createDb({ connectionString: a.url('cairn'), max: 4, applicationName: 'failover-region-a' });
+    dbs.push(dbA);
+    await migrateToLatest(dbA);
+    await sql`CREATE TABLE demo_event (kind text NOT NULL, n int NOT NULL, at timestamptz NOT NULL DEFAULT now())`.execute(
+      dbA,
+    );
+    const b = await startStandby(root, 'region_b', a);
+    servers.push(b);
+    if (o.mode === 'sync') await requireSynchronous(a, 'region_b');
+    await waitUntil(
+      `region_b to stream${o.mode === 'sync' ? ' synchronously' : ''}`,
+      async () =>
+        (
+          await a.query<{ state: string; sync_state: string }>(
+            "SELECT state, sync_state FROM pg_stat_replication WHERE application_name = 'region_b'",
+          )
+        ).some((r) => r.state === 'streaming' && (o.mode === 'async' || r.sync_state === 'sync')),
+      30_000,
+    );
+    o.log(`[failover] region A primary :${a.port}, region B standby :${b.port} (${o.mode} replication)`);
+
+    // --- topics, sink, region A's processes -----------------------------------------------
+    const run = `failover-${o.mode}-${Date.now().toString(36)}`;
+    const stageTopics = ['planning', 'implementing', 'reviewing', 'testing'].map((s) => topicOf(run, s));
+    const witnessTopic = topicOf(run, 'witness');
+    const kafka = kafkaClient(o.kafkaBrokers.split(','), 'cairn-failover');
+    const admin = kafka.admin();
+    await admin.connect();
+    await admin.createTopics({
+      topics: [...stageTopics, witnessTopic].map((topic) => ({ topic, numPartitions: 3 })),
+      waitForLeaders: true,
+    });
+    await admin.disconnect();
+    sink = await startSink();
+    const regionEnv = (url: string, region: string) => ({
+      DATABASE_URL: url,
+      KAFKA_BROKERS: o.kafkaBrokers,
+      DEMO_RUN: run,
+      SINK_URL: sink!.url,
+      CAIRN_RELAY_LEASE_TTL_MS: '2000',
+      CAIRN_RELAY_MAX_IDLE_MS: '50',
+      DEMO_WORK_MS: String(o.workMs),
+      CAIRN_RELAY_INSTANCE: `relay-${region}`,
+    });
+    const startRegion = (url: string, region: string) => {
+      const started = [
+        spawnTs(`${region}-relay`, 'relay/main.ts', regionEnv(url, region)),
+        ...ROLE_NAMES.map((r) =>
+          spawnTs(`${region}-${r}`, 'scripts/demo/agent.ts', { ...regionEnv(url, region), DEMO_ROLE: r }),
+        ),
+      ];
+      procs.push(...started);
+      return started;
+    };
+    const regionA = startRegion(a.url('cairn'), 'a');
+
+    const storeA = createTaskStore({ db: dbA, checkpointer: createCheckpointer({ db: dbA }) });
+    for (let i = 0; i < o.tasks; i++) await createDemoTask(dbA, storeA, run, i);
+    const witness = startWitness(storeA, witnessTopic);
+    await witness.ready;
+
+    // --- let region A get half-way ----------------------------------------------------------
+    const target = Math.floor(o.tasks * 2.5);
+    await waitUntil(
+      `region A half-way (${target} of ${o.tasks * 5} versions)`,
+      async () => (await demoProgress(dbA)) >= target,
+      o.timeoutS * 1000,
+    );
+    if (o.mode === 'async') {
+      await partition(b);
+      await waitUntil(
+        'the standby to disconnect',
+        async () => (await a.query('SELECT 1 FROM pg_stat_replication')).length === 0,
+        30_000,
+      );
+      // Region A goes on committing, alone: this is what an asynchronous failover loses.
+      const at = await demoProgress(dbA);
+      const acked = witness.count();
+      await waitUntil(
+        'region A to commit on its own',
+        async () =>
+          (await demoProgress(dbA)) >= at + Math.max(3, o.tasks / 4) && witness.count() >= acked + 10,
+        o.timeoutS * 1000,
+      );
+    }
+
+    // --- region A dies ----------------------------------------------------------------------
+    const killedAt = Date.now();
+    await Promise.all([...regionA.map((c) => sigkill(c)), witness.stop(), a.crash()]);
+    o.log(`[failover] region A killed (${regionA.length} processes SIGKILLed, primary stopped immediately)`);
+    await b.promote();
+    const promotedAt = Date.now();
+    const dbB = createDb({ connectionString: b.url('cairn'), max: 6, applicationName: 'failover-region-b' });
+    dbs.push(dbB);
+    const atPromotion = await snapshot(
+      async (text) => (await sql.raw(text).execute(dbB)).rows as Array<Record<string, unknown>>,
+    );
+
+    // --- what did region B not receive? -------------------------------------------------------
+    const report = await checkAfterFailover(dbB, kafka, {
+      topics: [...stageTopics, witnessTopic],
+      consumers: ROLE_NAMES.map((r) => ({
+        groupId: `demo-${run}-${r}`,
+        topics: [topicOf(run, ROLES[r].from)],
+      })),
+      appliedEffects: [...sink.keysByOperation].flatMap(([taskId, keys]) =>
+        [...keys].filter((k) => sink!.applied.has(k)).map((idempotencyKey) => ({ idempotencyKey, taskId })),
+      ),
+    });
+    const checkedAt = Date.now();
+    const diverged = new Set(report.divergedTasks);
+    const witnessLost = [...witness.acked].reduce(
+      (n, [id, v]) => n + Math.max(0, v - (atPromotion.versions.get(id) ?? 0)),
+      0,
+    );
+    o.log(
+      `[failover] check: ${report.lostTransitions.length} lost transitions, ${report.lostConsumptions.length} lost consumptions, ` +
+        `${report.missingReceipts.length} missing receipts, ${diverged.size} tasks held; witness writes lost ${witnessLost} of ${witness.count()}`,
+    );
+
+    // --- region B takes over: its processes, then every task resumed from its checkpoint ----
+    startRegion(b.url('cairn'), 'b');
+    const checkpointsB = createCheckpointer({ db: dbB });
+    const storeB = createTaskStore({ db: dbB, checkpointer: checkpointsB });
+    const leasesB = createLeaseManager({ db: dbB });
+    const receiptsB = createReceiptStore({ db: dbB, checkpointer: checkpointsB, worker: 'failover-resumer' });
+    let resumed = 0;
+    for (const t of await dbB.selectFrom('task_state').select(['task_id', 'status']).execute()) {
+      if (isTerminal(t.status as never) || diverged.has(t.task_id)) continue;
+      const plan = await resume(t.task_id, {
+        db: dbB,
+        store: storeB,
+        checkpoints: checkpointsB,
+        receipts: receiptsB,
+        leases: leasesB,
+        workflowDefinition: WORKFLOW_DEFINITION,
+        policy: async () => ({ version: 'failover', allowed: true, budgetLimitUsd: 5 }),
+        actor: 'spiffe://demo.cairn.local/failover/resumer',
+        agentId: 'failover-resumer',
+        leaseTtlSeconds: 5,
+      });
+      if (plan.lease) await leasesB.release(plan.lease);
+      if (plan.outcome === 'resumed') resumed++;
+    }
+    const resumedAt = Date.now();
+
+    let rtoMs: number | null = null;
+    await waitUntil(
+      'the first transition in region B',
+      async () => {
+        const r = await sql<{ at: Date }>`
+          SELECT min(at) AS at FROM task_audit WHERE actor LIKE '%/agents/%' AND at > to_timestamp(${promotedAt / 1000})`.execute(
+          dbB,
+        );
+        if (r.rows[0]?.at) rtoMs = r.rows[0].at.getTime() - killedAt;
+        return rtoMs !== null;
+      },
+      o.timeoutS * 1000,
+    );
+    const expected = [...Array(o.tasks).keys()].map((i) => `demo-${String(i).padStart(4, '0')}`);
+    const healthy = expected.filter((id) => !diverged.has(id));
+    await waitUntil(
+      `${healthy.length} tasks complete in region B`,
+      async () => {
+        const done = await dbB
+          .selectFrom('task_state')
+          .select('task_id')
+          .where('status', '=', 'complete')
+          .where('task_id', 'like', 'demo-%')
+          .execute();
+        const ids = new Set(done.map((d) => d.task_id));
+        const outbox = await sql<{
+          n: number;
+        }>`SELECT count(*)::int AS n FROM outbox WHERE topic <> ${witnessTopic}`.execute(dbB);
+        return healthy.every((id) => ids.has(id)) && outbox.rows[0]!.n === 0;
+      },
+      o.timeoutS * 1000,
+    );
+    for (const c of procs) await sigterm(c, 5000);
+
+    // --- verify -------------------------------------------------------------------------------
+    const checks = await verifyDemo(dbB, sink, healthy.length, {
+      only: (id) => id.startsWith('demo-') && !diverged.has(id),
+    });
+    let doubled = 0;
+    for (const keys of sink.keysByOperation.values()) {
+      if (keys.size > 1 || [...keys].some((k) => (sink!.applied.get(k) ?? 0) > 1)) doubled++;
+    }
+    checks.push({
+      name: 'no effect twice, held tasks included (sink)',
+      expected: '0',
+      actual: String(doubled),
+      violations: doubled,
+    });
+    if (o.mode === 'sync') {
+      const lost =
+        report.lostTransitions.length + report.lostConsumptions.length + report.missingReceipts.length;
+      checks.push({
+        name: 'RPO 0: acknowledged witness writes lost',
+        expected: '0',
+        actual: String(witnessLost),
+        violations: witnessLost,
+      });
+      checks.push({
+        name: 'RPO 0: transitions the world saw, lost',
+        expected: '0',
+        actual: String(lost),
+        violations: lost,
+      });
+    }
+
+    // --- the truth, from region A's own data folder ----------------------------------------------
+    const truth = await regionATruth(root, atPromotion, report, o.log);
+    if (o.mode === 'async') {
+      // The witness's lost writes must show in region A's data too (the harness checks itself).
+      const missed = witnessLost > 0 && !truth.tasksBehind.some((id) => id.startsWith('witness-')) ? 1 : 0;
+      checks.push({
+        name: 'flagged tasks really lost something (region A data)',
+        expected: '0 false',
+        actual: `${truth.falselyFlagged.length} false`,
+        violations: truth.falselyFlagged.length + missed,
+      });
+    }
+    const violations = checks.reduce((n, c) => n + c.violations, 0);
+    return {
+      mode: o.mode,
+      tasks: o.tasks,
+      rtoMs,
+      promoteMs: promotedAt - killedAt,
+      checkMs: checkedAt - promotedAt,
+      resumeMs: resumedAt - checkedAt,
+      report,
+      witness: { acked: witness.count(), lost: witnessLost },
+      truth,
+      resumed,
+      checks,
+      violations,
+    };
+  } finally {
+    for (const c of procs) await sigkill(c);
+    for (const d of dbs) await d.destroy().catch(() => {});
+    for (const s of servers) await s.stop();
+    await sink?.close();
+    rmSync(root, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Moves witness tasks through CAS updates (one message each) and remembers, per task, the
+ * last version region A acknowledged: the ground truth for "no committed transition lost".
+ */
+function startWitness(store: TaskStore, topic: string) {
+  const acked = new Map<string, number>();
+  let writes = 0;
+  let stopping = false;
+  const ids = Array.from({ length: WITNESSES }, (_, i) => `witness-${i}`);
+  const ready = (async () => {
+    for (const id of ids) {
+      await store.create({
+        task: {
+          tenant_id: 'demo',
+          task_id: id,
+          intent_id: `witness-${id}`,
+          workflow_digest: workflowDigestOf(WORKFLOW_DEFINITION),
+          budget: { currency_committed_usd: 1, currency_spent_usd: 0, tokens_spent: 0, hops_used: 0 },
+        },
+        actor: 'spiffe://demo.cairn.local/witness',
+      });
+      acked.set(id, 1);
+    }
+  })();
+  const loop = (async () => {
+    await ready;
+    for (let n = 0; !stopping; n++) {
+      const id = ids[n % ids.length]!;
+      const v = acked.get(id)!;
+      const r = await store
+        .update({
+          taskId: id,
+          expectedVersion: v,
+          patch: { budget: { tokens_spent: n + 1 } },
+          actor: 'spiffe://demo.cairn.local/witness',
+          reason: 'witness write',
+          messages: [{ topic, payload: { witness: id, n } }],
+        })
+        .catch(() => undefined);
+      if (stopping) break; // an answer after the kill is not an acknowledgement we count on
+      if (r?.ok) {
+        acked.set(id, r.state.version);
+        writes++;
+      }
+    }
+  })();
+  return {
+    ready,
+    acked,
+    count: () => writes,
+    stop: async () => {
+      stopping = true;
+      await loop;
+    },
+  };
+}
+
+interface Snapshot {
+  versions: Map<string, number>;
+  inbox: Set<string>; // "group/message id"
+  receipts: Set<string>; // idempotency keys of succeeded receipts
+}
+
+async function snapshot(q: (text: string) => Promise<Array<Record<string, unknown>>>): Promise<Snapshot> {
+  const versions = new Map(
+    (await q('SELECT task_id, version FROM task_state')).map(
+      (r) => [String(r.task_id), Number(r.version)] as const,
+    ),
+  );
+  const inbox = new Set(
+    (await q('SELECT consumer_group, message_id FROM inbox')).map(
+      (r) => `${r.consumer_group}/${r.message_id}`,
+    ),
+  );
+  const receipts = new Set(
+    (await q("SELECT idempotency_key FROM tool_receipt WHERE status = 'succeeded'")).map((r) =>
+      String(r.idempotency_key),
+    ),
+  );
+  return { versions, inbox, receipts };
+}
+
+/**
+ * Starts region A's data folder again (crash recovery, as a new server on a new port) and
+ * compares it with what region B held at promotion: which tasks were really behind, and
+ * whether every task the check flagged had really lost a transition, a consumption or a receipt.
+ */
+async function regionATruth(
+  root: string,
+  b: Snapshot,
+  report: FailoverReport,
+  log: (line: string) => void,
+): Promise<FailoverResult['truth']> {
+  const a = await restart(root, 'region_a');
+  try {
+    const at = await snapshot((text) => a.query(text, 'cairn'));
+    const behind = [...at.versions].filter(([id, v]) => (b.versions.get(id) ?? 0) < v).map(([id]) => id);
+    const justified = new Set(behind);
+    for (const c of report.lostConsumptions) {
+      const k = `${c.groupId}/${c.messageId}`;
+      if (at.inbox.has(k) && !b.inbox.has(k)) justified.add(c.taskId);
+    }
+    for (const m of report.missingReceipts) {
+      if (m.taskId && at.receipts.has(m.idempotencyKey) && !b.receipts.has(m.idempotencyKey))
+        justified.add(m.taskId);
+    }
+    const falselyFlagged = report.divergedTasks.filter((id) => !justified.has(id));
+    log(`[failover] region A's own data: ${behind.length} tasks were ahead of region B at promotion`);
+    return { tasksBehind: behind.sort(), falselyFlagged };
+  } finally {
+    await a.stop();
+  }
+}

@@ -1,0 +1,241 @@
+import { randomUUID } from 'node:crypto';
+import type { Kafka } from 'kafkajs';
+import type { Db } from '../db/database.js';
+
+/** A transition the broker saw (a message it caused) that the database no longer has. */
+export interface LostTransition {
+  taskId: string;
+  /** The version the database holds now; null if the task itself is gone. */
+  storedVersion: number | null;
+  /** The highest task version a published message carries. */
+  seenVersion: number;
+  topic: string;
+  messageId: string;
+}
+
+/** An effect the tool reports as done whose receipt the database does not hold as succeeded. */
+export interface MissingReceipt {
+  idempotencyKey: string;
+  taskId: string | null;
+  storedStatus: string | null;
+}
+
+/** An effect the tool reports as applied (from its own records), and the task, if it knows. */
+export interface AppliedEffect {
+  idempotencyKey: string;
+  taskId?: string;
+}
+
+/** A message a consumer group committed past whose inbox row the database does not have. */
+export interface LostConsumption {
+  groupId: string;
+  taskId: string;
+  topic: string;
+  partition: number;
+  offset: string;
+  messageId: string;
+}
+
+export interface FailoverReport {
+  lostTransitions: LostTransition[];
+  lostConsumptions: LostConsumption[];
+  missingReceipts: MissingReceipt[];
+  /** Tasks to hold for an operator: resuming them could repeat or skip work. */
+  divergedTasks: string[];
+}
+
+interface SeenMessage {
+  topic: string;
+  partition: number;
+  offset: string;
+  key: string;
+  version: number | null;
+  messageId: string;
+}
+
+/** Reads every message already on `topics`, up to each partition's end at the time of the call. */
+async function readTopicsToEnd(
+  kafka: Kafka,
+  topics: readonly string[],
+  deadlineMs = 60_000,
+): Promise<SeenMessage[]> {
+  const seen: SeenMessage[] = [];
+  const admin = kafka.admin();
+  await admin.connect();
+  const remaining = new Map<string, bigint>(); // "topic/partition" -> last offset to read
+  try {
+    for (const topic of topics) {
+      for (const p of await admin.fetchTopicOffsets(topic)) {
+        if (BigInt(p.high) > BigInt(p.low)) remaining.set(`${topic}/${p.partition}`, BigInt(p.high) - 1n);
+      }
+    }
+  } finally {
+    await admin.disconnect();
+  }
+  if (remaining.size === 0) return seen;
+  const consumer = kafka.consumer({ groupId: `cairn-failover-check-${randomUUID()}`, maxWaitTimeInMs: 100 });
+  await consumer.connect();
+  try {
+    await consumer.subscribe({ topics: [...topics], fromBeginning: true });
+    let done!: () => void;
+    const finished = new Promise<void>((r) => {
+      done = r;
+    });
+    await consumer.run({
+      eachMessage: async ({ topic, partition, message }) => {
+        const version = Number(message.headers?.['cairn-task-version']?.toString());
+        seen.push({
+          topic,
+          partition,
+          offset: message.offset,
+          key: message.key?.toString() ?? '',
+          version: Number.isInteger(version) ? version : null,
+          messageId: message.headers?.['cairn-message-id']?.toString() ?? '',
+        });
+        const id = `${topic}/${partition}`;
+        const last = remaining.get(id);
+        if (last !== undefined && BigInt(message.offset) >= last) remaining.delete(id);
+        if (remaining.size === 0) done();
+      },
+    });
+    const timer = setTimeout(done, deadlineMs);
+    await finished;
+    clearTimeout(timer);
+    if (remaining.size > 0) {
+      throw new Error(
+        `failover check: could not read ${[...remaining.keys()].join(', ')} to its end within ${deadlineMs} ms`,
+      );
+    }
+  } finally {
+    await consumer.disconnect();
+  }
+  return seen;
+}
+
+/**
+ * Messages each group committed past (on the broker) beyond the last one its inbox holds
+ * in `db`: the transaction that consumed them committed in the lost region only.
+ */
+async function lostConsumptions(
+  db: Db,
+  kafka: Kafka,
+  messages: readonly SeenMessage[],
+  consumers: ReadonlyArray<{ groupId: string; topics: readonly string[] }>,
+): Promise<LostConsumption[]> {
+  const lost: LostConsumption[] = [];
+  const admin = kafka.admin();
+  await admin.connect();
+  try {
+    for (const c of consumers) {
+      const committed = await admin.fetchOffsets({ groupId: c.groupId, topics: [...c.topics] });
+      const held = await db
+        .selectFrom('inbox')
+        .select(['topic', 'partition', (eb) => eb.fn.max('offset').as('offset')])
+        .where('consumer_group', '=', c.groupId)
+        .groupBy(['topic', 'partition'])
+        .execute();
+      const heldAt = new Map(held.map((h) => [`${h.topic}/${h.partition}`, BigInt(h.offset)]));
+      for (const t of committed) {
+        for (const p of t.partitions) {
+          if (Number(p.offset) < 0) continue; // nothing committed yet
+          const next = BigInt(p.offset);
+          const from = (heldAt.get(`${t.topic}/${p.partition}`) ?? -1n) + 1n;
+          for (const m of messages) {
+            const o = BigInt(m.offset);
+            if (m.topic === t.topic && m.partition === p.partition && o >= from && o < next) {
+              lost.push({
+                groupId: c.groupId,
+                taskId: m.key,
+                topic: m.topic,
+                partition: m.partition,
+                offset: m.offset,
+                messageId: m.messageId,
+              });
+            }
+          }
+        }
+      }
+    }
+  } finally {
+    await admin.disconnect();
+  }
+  return lost;
+}
+
+/**
+ * Run on the promoted database after a regional failover, before anything resumes: compares
+ * what the database holds with what the outside world already saw. With asynchronous
+ * replication the last transactions of the lost region may be missing; a message on the
+ * broker carrying a task version the database does not have, a message a consumer group
+ * committed past without an inbox row here, or an effect the tool applied whose receipt is
+ * missing, shows exactly that. Those tasks are reported as diverged so that
+ * nothing resumes them silently into a repeated or skipped step.
+ *
+ * `appliedEffects`: what the tool (or its log) reports as applied, if it can tell; effects are
+ * otherwise guarded by receipts and the tool's own idempotency keys.
+ */
+export async function checkAfterFailover(
+  db: Db,
+  kafka: Kafka,
+  o: {
+    topics: readonly string[];
+    consumers?: ReadonlyArray<{ groupId: string; topics: readonly string[] }>;
+    appliedEffects?: readonly AppliedEffect[];
+  },
+): Promise<FailoverReport> {
+  const messages = await readTopicsToEnd(kafka, o.topics);
+  const seen = new Map<string, { version: number; topic: string; messageId: string }>();
+  for (const m of messages) {
+    if (m.key && m.version !== null && m.version > (seen.get(m.key)?.version ?? 0)) {
+      seen.set(m.key, { version: m.version, topic: m.topic, messageId: m.messageId });
+    }
+  }
+  const stored = new Map(
+    seen.size === 0
+      ? []
+      : (
+          await db
+            .selectFrom('task_state')
+            .select(['task_id', 'version'])
+            .where('task_id', 'in', [...seen.keys()])
+            .execute()
+        ).map((r) => [r.task_id, r.version] as const),
+  );
+  const lostTransitions: LostTransition[] = [];
+  for (const [taskId, s] of seen) {
+    const v = stored.get(taskId) ?? null;
+    if (v === null || v < s.version) {
+      lostTransitions.push({ taskId, storedVersion: v, seenVersion: s.version, ...s });
+    }
+  }
+  const applied = o.appliedEffects ?? [];
+  const keys = [...new Set(applied.map((a) => a.idempotencyKey))];
+  const receipts = new Map(
+    keys.length === 0
+      ? []
+      : (
+          await db
+            .selectFrom('tool_receipt')
+            .select(['idempotency_key', 'status', 'task_id'])
+            .where('idempotency_key', 'in', keys)
+            .execute()
+        ).map((r) => [r.idempotency_key, r] as const),
+  );
+  const missingReceipts: MissingReceipt[] = [];
+  const consumed = await lostConsumptions(db, kafka, messages, o.consumers ?? []);
+  const diverged = new Set([...lostTransitions, ...consumed].map((l) => l.taskId));
+  for (const a of applied) {
+    const r = receipts.get(a.idempotencyKey);
+    if (r?.status === 'succeeded') continue;
+    const taskId = r?.task_id ?? a.taskId ?? null;
+    missingReceipts.push({ idempotencyKey: a.idempotencyKey, taskId, storedStatus: r?.status ?? null });
+    if (taskId) diverged.add(taskId);
+  }
+  lostTransitions.sort((a, b) => a.taskId.localeCompare(b.taskId));
+  return {
+    lostTransitions,
+    lostConsumptions: consumed,
+    missingReceipts,
+    divergedTasks: [...diverged].sort(),
+  };
+}
