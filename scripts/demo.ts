@@ -8,7 +8,6 @@
  * and the deploy sink. The last line is a JSON summary; the exit code is 1 on any violation.
  */
 import { parseArgs } from 'node:util';
-import { Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
 import { createDb } from '../src/db/database.js';
 import { migrateToLatest } from '../src/db/migrate.js';
@@ -18,9 +17,8 @@ import { createDemoTask } from './demo/tasks.js';
 import { verifyDemo } from './demo/verify.js';
 import { ROLES, type Role, topicOf } from './demo/workflow.js';
 import { startSink } from './lib/effectSink.js';
+import { createFaults, createFleet, seeded } from './lib/faults.js';
 import { createScratchDatabase } from './lib/scratchDatabase.js';
-import { type Child, sigkill, sigterm, spawnTs } from './lib/spawnTs.js';
-import { startLocalKafka, stopLocalKafka } from './stack/kafka.js';
 import { resolveStack } from './stack/resolve.js';
 
 const { values } = parseArgs({
@@ -42,12 +40,7 @@ if (!(TASKS > 0) || !['off', 'low', 'high'].includes(CHAOS) || !(TIMEOUT_S > 0))
   );
   process.exit(2);
 }
-let seed = Number(values.seed) || 1;
-const rand = () => {
-  seed = (seed * 1103515245 + 12345) % 2 ** 31;
-  return seed / 2 ** 31;
-};
-const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
+const { pick } = seeded(Number(values.seed) || 1);
 const log = (line: string) => process.stderr.write(`${line}\n`);
 
 // --- stack, database, sink -------------------------------------------------------------
@@ -87,16 +80,14 @@ const env = {
   CAIRN_RELAY_MAX_IDLE_MS: '50',
   DEMO_WORK_MS: String(Number(values['work-ms']) || 0),
 };
-const procs = new Map<string, Child>();
-const start = (name: string) => {
-  const entry = name === 'relay' ? 'relay/main.ts' : 'scripts/demo/agent.ts';
-  procs.set(
+const fleet = createFleet(
+  ['relay', ...(Object.keys(ROLES) as Role[])].map((name) => ({
     name,
-    spawnTs(name, entry, { ...env, DEMO_ROLE: name, CAIRN_RELAY_INSTANCE: `demo-relay-${Date.now()}` }),
-  );
-};
-const names = ['relay', ...(Object.keys(ROLES) as Role[])];
-for (const n of names) start(n);
+    entry: name === 'relay' ? 'relay/main.ts' : 'scripts/demo/agent.ts',
+    env: { ...env, DEMO_ROLE: name },
+  })),
+);
+fleet.startAll();
 
 // --- tasks -------------------------------------------------------------------------------
 const store = createTaskStore({ db });
@@ -104,53 +95,19 @@ for (let i = 0; i < TASKS; i++) await createDemoTask(db, store, run, i);
 
 // --- chaos -------------------------------------------------------------------------------
 let crashes = 0;
-let restarts = 0;
 let duplicatesInjected = 0;
 let backendsKilled = 0;
 let brokerRestarts = 0;
 let chaosOn = CHAOS !== 'off';
-const canRestartBroker = stack.source.kafka.startsWith('local');
-const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
-await producer.connect();
-
-/** Re-sends an already-published message (same message id) as a relay crash would. */
-async function injectDuplicates(count: number): Promise<void> {
-  const consumer = kafka.consumer({ groupId: `demo-${run}-tap-${Date.now()}`, maxWaitTimeInMs: 100 });
-  const seen: Array<{
-    topic: string;
-    key: Buffer | null;
-    value: Buffer | null;
-    headers: Record<string, string>;
-  }> = [];
-  await consumer.connect();
-  await consumer.subscribe({
-    topics: ['planning', 'implementing', 'reviewing', 'testing'].map((s) => topicOf(run, s)),
-    fromBeginning: true,
-  });
-  await new Promise<void>((resolve) => {
-    const t = setTimeout(resolve, 1500);
-    void consumer.run({
-      eachMessage: async ({ topic, message }) => {
-        const headers: Record<string, string> = {};
-        for (const [k, v] of Object.entries(message.headers ?? {})) headers[k] = String(v);
-        seen.push({ topic, key: message.key, value: message.value, headers });
-        if (seen.length >= 200) {
-          clearTimeout(t);
-          resolve();
-        }
-      },
-    });
-  });
-  await consumer.disconnect();
-  if (seen.length === 0) return;
-  const picks = Array.from({ length: count }, () => pick(seen));
-  for (const m of picks) {
-    await producer
-      .send({ topic: m.topic, messages: [{ key: m.key, value: m.value, headers: m.headers }] })
-      .catch(() => {});
-  }
-  duplicatesInjected += picks.length;
-}
+const faults = createFaults({
+  kafka,
+  db,
+  topics: ['planning', 'implementing', 'reviewing', 'testing'].map((s) => topicOf(run, s)),
+  sessionPrefix: 'cairn-demo-',
+  ownSession: 'cairn-demo-orchestrator',
+  pick,
+  canRestartBroker: stack.source.kafka.startsWith('local'),
+});
 
 // Faults in a fixed rotation (victims and counts drawn from the seed), so every kind happens.
 const ROTATION = {
@@ -164,25 +121,14 @@ async function chaosStep(): Promise<void> {
   const rotation = ROTATION[CHAOS];
   const kind = rotation[step++ % rotation.length];
   if (kind === 'kill') {
-    const victim = pick(names);
-    await sigkill(procs.get(victim)!);
+    await fleet.crash(pick(fleet.names));
     crashes++;
-    start(victim);
-    restarts++;
   } else if (kind === 'duplicate') {
-    await injectDuplicates(CHAOS === 'high' ? 5 : 2);
+    duplicatesInjected += await faults.duplicates(CHAOS === 'high' ? 5 : 2);
   } else if (kind === 'pg') {
-    const r = await sql<{ n: number }>`
-      SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity
-       WHERE application_name LIKE 'cairn-demo-%' AND application_name <> 'cairn-demo-orchestrator' AND pid <> pg_backend_pid()`.execute(
-      db,
-    );
-    backendsKilled += r.rows[0]!.n;
-  } else if (kind === 'broker' && canRestartBroker && brokerRestarts === 0) {
-    brokerRestarts++;
-    await stopLocalKafka({ graceMs: 10_000 });
-    await new Promise((r) => setTimeout(r, 2000));
-    await startLocalKafka(() => {});
+    backendsKilled += await faults.terminateSessions();
+  } else if (kind === 'broker' && brokerRestarts === 0) {
+    brokerRestarts += await faults.restartBroker();
   }
 }
 
@@ -246,8 +192,8 @@ await chaosLoop;
 await new Promise((r) => setTimeout(r, 1000)); // let in-flight duplicates land
 
 // --- verify --------------------------------------------------------------------------------
-for (const c of procs.values()) await sigterm(c, 5000);
-await producer.disconnect();
+await fleet.stopAll();
+await faults.close();
 const checks = await verifyDemo(db, sink, TASKS);
 const dups = await sql<{
   n: number;
@@ -266,7 +212,7 @@ const summary = {
   complete: statuses.complete ?? 0,
   violations,
   crashes_injected: crashes,
-  restarts,
+  restarts: crashes,
   duplicates_injected: duplicatesInjected,
   duplicates_dropped: dups.rows[0]!.n,
   backends_killed: backendsKilled,
