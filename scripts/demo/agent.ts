@@ -26,6 +26,8 @@ const role = process.env.DEMO_ROLE as Role;
 const brokers = process.env.KAFKA_BROKERS!.split(',');
 const sink = process.env.SINK_URL!;
 const workMs = Number(process.env.DEMO_WORK_MS ?? 300);
+/** When set, every transition also publishes an event (keyed by task, ordered by version) to this topic. */
+const eventsTopic = process.env.DEMO_EVENTS_TOPIC;
 const spec = ROLES[role];
 const actor = `spiffe://demo.cairn.local/agents/${role}`;
 const logger = createLogger({ name: `demo-${role}`, level: 'warn' });
@@ -129,9 +131,12 @@ const consumer = createInboxConsumer({
       actor,
       reason: `${role} finished ${spec.from}`,
       trx,
-      ...(spec.to === 'complete'
-        ? {}
-        : { messages: [{ topic: topicOf(run, spec.to), payload: { task: taskId, stage: spec.to } }] }),
+      messages: [
+        ...(spec.to === 'complete'
+          ? []
+          : [{ topic: topicOf(run, spec.to), payload: { task: taskId, stage: spec.to } }]),
+        ...(eventsTopic ? [{ topic: eventsTopic, payload: { task: taskId, status: spec.to } }] : []),
+      ],
     });
     if (!r.ok) throw retryLater(r.error.message);
   },

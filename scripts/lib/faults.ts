@@ -49,6 +49,14 @@ export function createFleet(specs: readonly ProcessSpec[]) {
       if (c) await sigkill(c);
       start(name);
     },
+    /** SIGSTOP for `ms`, then SIGCONT: a process frozen past its leases and session (a long GC pause). */
+    async pause(name: string, ms: number) {
+      const c = live.get(name);
+      if (!c || !isAlive(c)) return;
+      c.proc.kill('SIGSTOP');
+      await new Promise((r) => setTimeout(r, ms));
+      if (isAlive(c)) c.proc.kill('SIGCONT');
+    },
     async stopAll(graceMs = 5000) {
       await Promise.all([...live.values()].map((c) => sigterm(c, graceMs)));
     },

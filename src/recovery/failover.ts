@@ -44,7 +44,7 @@ export interface FailoverReport {
   divergedTasks: string[];
 }
 
-interface SeenMessage {
+export interface SeenMessage {
   topic: string;
   partition: number;
   offset: string;
@@ -54,7 +54,7 @@ interface SeenMessage {
 }
 
 /** Reads every message already on `topics`, up to each partition's end at the time of the call. */
-async function readTopicsToEnd(
+export async function readTopicsToEnd(
   kafka: Kafka,
   topics: readonly string[],
   deadlineMs = 60_000,

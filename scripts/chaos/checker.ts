@@ -1,0 +1,129 @@
+import type { Kafka } from 'kafkajs';
+import { sql } from 'kysely';
+import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
+import type { Db } from '../../src/db/database.js';
+import { readTopicsToEnd } from '../../src/recovery/failover.js';
+import { isTerminal } from '../../src/state/transitions.js';
+import { type Check, verifyTasks } from '../demo/verify.js';
+import type { Sink } from '../lib/effectSink.js';
+
+export const STALE_WRITER = 'spiffe://demo.cairn.local/chaos/stale-writer';
+
+export interface CheckerInput {
+  db: Db;
+  kafka: Kafka;
+  sink: Sink;
+  eventsTopic: string;
+  observerGroups: readonly string[];
+  /** Whether a lease holder (relay instance or agent id) is a live process. */
+  holderAlive: (holder: string) => boolean;
+  /** The longest lease TTL in use: a dead holder's lease must have expired after it. */
+  leaseTtlMs: number;
+}
+
+/**
+ * The chaos soak's independent checker: it reads only Postgres, the topics and the effect
+ * sink (and, for leases, which processes are alive), never counters the harness kept.
+ */
+export async function checkInvariants(c: CheckerInput): Promise<Check[]> {
+  const checks = await verifyTasks(c.db, c.sink, { only: (id) => id.startsWith('demo-') });
+  const add = (name: string, expected: string, actual: string, violations: number) =>
+    checks.push({ name, expected, actual, violations });
+
+  // Terminal, or resumable: a checkpoint that verifies.
+  const checkpoints = createCheckpointer({ db: c.db });
+  const tasks = await c.db.selectFrom('task_state').select(['task_id', 'status']).execute();
+  let stranded = 0;
+  for (const t of tasks) {
+    if (isTerminal(t.status as never)) continue;
+    const list = await checkpoints.list(t.task_id);
+    let ok = false;
+    for (let i = 0; i < list.length && !ok; i++) ok = (await checkpoints.verify(list[i]!, list[i + 1])).ok;
+    if (!ok) stranded++;
+  }
+  add('every task terminal or resumable', `${tasks.length} tasks`, `${stranded} stranded`, stranded);
+
+  // Stale writers: none of their writes may have landed.
+  const stale = await c.db
+    .selectFrom('task_audit')
+    .select('task_id')
+    .where('actor', '=', STALE_WRITER)
+    .execute();
+  add('stale writes accepted', '0', String(stale.length), stale.length);
+
+  // Every consumer group: each event applied once, in per-key order, none missing.
+  const short = (group: string) => `group ${group.split('-').pop()}`;
+  for (const g of c.observerGroups) {
+    const r = await sql<{ rows: number; distinct_ids: number; out_of_order: number }>`
+      SELECT count(*)::int AS rows, count(DISTINCT message_id)::int AS distinct_ids,
+             count(*) FILTER (WHERE prev IS NOT NULL AND version <= prev)::int AS out_of_order
+        FROM (SELECT message_id, version,
+                     lag(version) OVER (PARTITION BY key ORDER BY seq) AS prev
+                FROM chaos_observed WHERE consumer_group = ${g}) x`.execute(c.db);
+    const { rows, distinct_ids, out_of_order } = r.rows[0]!;
+    add(
+      `${short(g)}: events applied once`,
+      `${distinct_ids} once`,
+      `${rows - distinct_ids} twice`,
+      rows - distinct_ids,
+    );
+    add(`${short(g)}: per-key order kept`, '0 out of order', `${out_of_order} out of order`, out_of_order);
+    const missing = await sql<{ n: number }>`
+      SELECT count(*)::int AS n FROM task_audit a
+       WHERE a.actor LIKE '%/agents/%'
+         AND NOT EXISTS (SELECT 1 FROM chaos_observed o
+                          WHERE o.consumer_group = ${g} AND o.key = a.task_id AND o.version = a.version)`.execute(
+      c.db,
+    );
+    add(
+      `${short(g)}: every transition's event applied`,
+      '0 missing',
+      `${missing.rows[0]!.n} missing`,
+      missing.rows[0]!.n,
+    );
+  }
+
+  // The topic itself: one message id per (key, version), first copies in version order per key.
+  const events = await readTopicsToEnd(c.kafka, [c.eventsTopic]);
+  const idOf = new Map<string, string>();
+  const lastVersion = new Map<string, number>();
+  let twoIds = 0;
+  let disorder = 0;
+  for (const m of events) {
+    const kv = `${m.key}@${m.version}`;
+    const seen = idOf.get(kv);
+    if (seen !== undefined) {
+      if (seen !== m.messageId) twoIds++;
+      continue; // a re-publish or an injected duplicate: same id, already counted
+    }
+    idOf.set(kv, m.messageId);
+    if (m.version !== null && m.version <= (lastVersion.get(m.key) ?? 0)) disorder++;
+    lastVersion.set(m.key, m.version ?? 0);
+  }
+  add('topic: one message id per transition', '0 conflicting', `${twoIds} conflicting`, twoIds);
+  add('topic: first copies in per-key order', '0 out of order', `${disorder} out of order`, disorder);
+
+  // Leases: a dead process's lease must not stay valid past its TTL.
+  const held = async () => [
+    ...(
+      await sql<{ holder: string; what: string }>`
+        SELECT holder, task_id || '/' || branch AS what FROM task_lease WHERE holder IS NOT NULL AND expires_at > now()
+        UNION ALL
+        SELECT owner, 'relay lane ' || lane FROM relay_lane WHERE owner IS NOT NULL AND expires_at > now()`.execute(
+        c.db,
+      )
+    ).rows,
+  ];
+  const deadNow = (await held()).filter((h) => !c.holderAlive(h.holder));
+  if (deadNow.length > 0) await new Promise((r) => setTimeout(r, c.leaseTtlMs + 500));
+  const stillHeld = (await held()).filter((h) =>
+    deadNow.some((d) => d.holder === h.holder && d.what === h.what && !c.holderAlive(h.holder)),
+  );
+  add(
+    'no lease held by a dead process past its TTL',
+    '0',
+    `${stillHeld.length}${stillHeld.length ? ` (${stillHeld.map((h) => `${h.what} by ${h.holder}`).join(', ')})` : ''}`,
+    stillHeld.length,
+  );
+  return checks;
+}

@@ -1,0 +1,317 @@
+import type { Kafka } from 'kafkajs';
+import { sql } from 'kysely';
+import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
+import { createDb, type Db } from '../../src/db/database.js';
+import { migrateToLatest } from '../../src/db/migrate.js';
+import { kafkaClient } from '../../src/kafka/publisher.js';
+import { createTaskStore } from '../../src/state/taskStore.js';
+import { createDemoTask } from '../demo/tasks.js';
+import type { Check } from '../demo/verify.js';
+import { ROLES, type Role, topicOf } from '../demo/workflow.js';
+import { startSink } from '../lib/effectSink.js';
+import { createFaults, createFleet, type ProcessSpec, seeded } from '../lib/faults.js';
+import { createScratchDatabase } from '../lib/scratchDatabase.js';
+import { checkInvariants, STALE_WRITER } from './checker.js';
+
+export interface SoakOptions {
+  minutes: number;
+  seed: number;
+  /** New tasks per second while faults are injected. */
+  rate: number;
+  workMs: number;
+  /** Seconds to let the system settle (no faults) before the checker runs. */
+  settleS: number;
+  /** Milliseconds between faults. */
+  faultEveryMs: number;
+  /** The broker restarts at most once per this many seconds (it is down ~10 s each time). */
+  brokerRestartEveryS: number;
+  databaseUrl: string;
+  database: string;
+  kafkaBrokers: string;
+  canRestartBroker: boolean;
+  log: (line: string) => void;
+}
+
+export type FaultKind =
+  | 'agent_kill'
+  | 'relay_kill'
+  | 'consumer_kill'
+  | 'agent_pause'
+  | 'duplicate_delivery'
+  | 'pg_terminate'
+  | 'broker_restart'
+  | 'stale_write';
+
+export interface SoakResult {
+  tasks: number;
+  terminal: number;
+  faults: Record<FaultKind, number>;
+  /** Units of each fault: messages re-sent, sessions ended, stale writes refused. */
+  injected: { duplicates: number; sessionsTerminated: number; staleRefused: number };
+  checks: Check[];
+  violations: number;
+  seconds: number;
+}
+
+const STAGES = ['planning', 'implementing', 'reviewing', 'testing'];
+const LEASE_TTL_MS = 2000;
+// A fault is drawn with these weights (the broker restarts at most every brokerRestartEveryS).
+const WEIGHTS: Array<[FaultKind, number]> = [
+  ['agent_kill', 4],
+  ['relay_kill', 2],
+  ['consumer_kill', 2],
+  ['agent_pause', 2],
+  ['duplicate_delivery', 3],
+  ['pg_terminate', 2],
+  ['broker_restart', 1],
+  ['stale_write', 3],
+];
+
+/**
+ * The chaos soak: the demo workflow with two of every agent, two relays and two observer
+ * consumer groups, new tasks arriving for `minutes`, and a fault every `faultEveryMs`; then
+ * a settle phase without faults and the independent checker.
+ */
+export async function runSoak(o: SoakOptions): Promise<SoakResult> {
+  const { rand, pick } = seeded(o.seed);
+  const scratch = await createScratchDatabase(o.databaseUrl, o.database, { recreate: true });
+  const db = createDb({ connectionString: scratch.url, max: 6, applicationName: 'cairn-chaos-orchestrator' });
+  await migrateToLatest(db);
+  await sql`CREATE TABLE demo_event (kind text NOT NULL, n int NOT NULL, at timestamptz NOT NULL DEFAULT now())`.execute(
+    db,
+  );
+  await sql`CREATE TABLE chaos_observed (seq bigserial PRIMARY KEY, consumer_group text NOT NULL, key text,
+            version int, message_id text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`.execute(
+    db,
+  );
+  const sink = await startSink();
+  const run = `chaos-${o.seed}-${Date.now().toString(36)}`;
+  const eventsTopic = topicOf(run, 'events');
+  const kafka: Kafka = kafkaClient(o.kafkaBrokers.split(','), 'cairn-chaos');
+  const admin = kafka.admin();
+  await admin.connect();
+  await admin.createTopics({
+    topics: [...STAGES.map((s) => topicOf(run, s)), eventsTopic].map((topic) => ({
+      topic,
+      numPartitions: 3,
+    })),
+    waitForLeaders: true,
+  });
+  await admin.disconnect();
+
+  const env = {
+    DATABASE_URL: scratch.url,
+    KAFKA_BROKERS: o.kafkaBrokers,
+    DEMO_RUN: run,
+    SINK_URL: sink.url,
+    CAIRN_RELAY_LEASE_TTL_MS: String(LEASE_TTL_MS),
+    CAIRN_RELAY_MAX_IDLE_MS: '50',
+    DEMO_WORK_MS: String(o.workMs),
+    DEMO_EVENTS_TOPIC: eventsTopic,
+  };
+  const groups = [`${run}-observer-a`, `${run}-observer-b`];
+  const specs: ProcessSpec[] = [
+    ...[1, 2].map((n) => ({ name: `relay-${n}`, entry: 'relay/main.ts', env })),
+    ...(Object.keys(ROLES) as Role[]).flatMap((role) =>
+      [1, 2].map((n) => ({
+        name: `${role}-${n}`,
+        entry: 'scripts/demo/agent.ts',
+        env: { ...env, DEMO_ROLE: role },
+      })),
+    ),
+    ...[
+      ['observer-a1', groups[0]!],
+      ['observer-a2', groups[0]!],
+      ['observer-b1', groups[1]!],
+    ].map(([name, group]) => ({
+      name: name!,
+      entry: 'scripts/chaos/observer.ts',
+      env: { ...env, CHAOS_GROUP: group!, CHAOS_TOPIC: eventsTopic },
+    })),
+  ];
+  const fleet = createFleet(specs);
+  fleet.startAll();
+  const byKind = {
+    agent: fleet.names.filter((n) => !n.startsWith('relay') && !n.startsWith('observer')),
+    relay: fleet.names.filter((n) => n.startsWith('relay')),
+    consumer: fleet.names.filter((n) => n.startsWith('observer')),
+  };
+  const faults = createFaults({
+    kafka,
+    db,
+    topics: [...STAGES.map((s) => topicOf(run, s)), eventsTopic],
+    sessionPrefix: 'cairn-demo-',
+    ownSession: 'cairn-chaos-orchestrator',
+    pick,
+    canRestartBroker: o.canRestartBroker,
+  });
+  const counts = Object.fromEntries(WEIGHTS.map(([k]) => [k, 0])) as Record<FaultKind, number>;
+  const injected = { duplicates: 0, sessionsTerminated: 0, staleRefused: 0 };
+  const store = createTaskStore({ db, checkpointer: createCheckpointer({ db }), cacheSize: 0 });
+  let lastBrokerRestart = Date.now();
+
+  /** A writer that read a task, lost the race, and writes anyway with the old version. */
+  async function staleWrite(): Promise<boolean> {
+    const open = await db
+      .selectFrom('task_state')
+      .select(['task_id', 'version'])
+      .where('status', 'not in', ['complete', 'failed', 'cancelled', 'expired'])
+      .where('version', '>', 1)
+      .limit(20)
+      .execute();
+    if (open.length === 0) return false;
+    const t = pick(open);
+    const r = await store.update({
+      taskId: t.task_id,
+      expectedVersion: t.version - 1,
+      patch: { budget: { tokens_spent: 1e9 } },
+      actor: STALE_WRITER,
+      reason: 'chaos: a stale writer',
+    });
+    if (!r.ok && r.error.code === 'stale_version') injected.staleRefused++;
+    return true;
+  }
+
+  async function fault(): Promise<void> {
+    const total = WEIGHTS.reduce((n, [, w]) => n + w, 0);
+    let x = rand() * total;
+    let kind = WEIGHTS[0]![0];
+    for (const [k, w] of WEIGHTS) {
+      x -= w;
+      if (x < 0) {
+        kind = k;
+        break;
+      }
+    }
+    if (
+      kind === 'broker_restart' &&
+      (!o.canRestartBroker || Date.now() - lastBrokerRestart < o.brokerRestartEveryS * 1000)
+    ) {
+      kind = 'duplicate_delivery';
+    }
+    switch (kind) {
+      case 'agent_kill':
+        await fleet.crash(pick(byKind.agent));
+        break;
+      case 'relay_kill':
+        await fleet.crash(pick(byKind.relay));
+        break;
+      case 'consumer_kill':
+        await fleet.crash(pick(byKind.consumer));
+        break;
+      case 'agent_pause':
+        await fleet.pause(pick(byKind.agent), LEASE_TTL_MS + 1500);
+        break;
+      case 'duplicate_delivery':
+        injected.duplicates += await faults.duplicates(5);
+        break;
+      case 'pg_terminate':
+        injected.sessionsTerminated += await faults.terminateSessions();
+        break;
+      case 'broker_restart':
+        await faults.restartBroker();
+        lastBrokerRestart = Date.now();
+        break;
+      case 'stale_write':
+        if (!(await staleWrite())) return;
+        break;
+    }
+    counts[kind]++;
+  }
+
+  const startedAt = Date.now();
+  const chaosUntil = startedAt + o.minutes * 60_000;
+  let created = 0;
+  const progress = async (phase: string) => {
+    const rows = await sql<{ status: string; n: number }>`SELECT status, count(*)::int AS n FROM task_state
+        WHERE task_id LIKE 'demo-%' GROUP BY status`
+      .execute(db)
+      .catch(() => ({ rows: [] as Array<{ status: string; n: number }> }));
+    const by = Object.fromEntries(rows.rows.map((r) => [r.status, r.n]));
+    const nFaults = Object.values(counts).reduce((a, b) => a + b, 0);
+    o.log(
+      `[chaos] ${phase} ${Math.round((Date.now() - startedAt) / 1000)}s | tasks ${created} complete ${by.complete ?? 0} ` +
+        `${STAGES.map((s) => `${s.slice(0, 4)} ${by[s] ?? 0}`).join(' ')} | faults ${nFaults}`,
+    );
+  };
+
+  // --- faults and arrivals ----------------------------------------------------------------
+  const creator = (async () => {
+    while (Date.now() < chaosUntil) {
+      await createDemoTask(db, store, run, created).then(
+        () => created++,
+        (e: Error) => o.log(`[chaos] task creation failed, retrying: ${e.message}`),
+      );
+      await new Promise((r) => setTimeout(r, 1000 / o.rate));
+    }
+  })();
+  let lastProgress = 0;
+  while (Date.now() < chaosUntil) {
+    await new Promise((r) => setTimeout(r, o.faultEveryMs));
+    await fault().catch((e: Error) => o.log(`[chaos] fault failed: ${e.message}`));
+    if (Date.now() - lastProgress > 10_000) {
+      await progress('faults');
+      lastProgress = Date.now();
+    }
+  }
+  await creator;
+
+  // --- settle ---------------------------------------------------------------------------------
+  const settleUntil = Date.now() + o.settleS * 1000;
+  for (;;) {
+    const s = await sql<{ open: number; outbox: number; unobserved: number }>`
+      SELECT (SELECT count(*) FROM task_state WHERE status NOT IN ('complete','failed','cancelled','expired'))::int AS open,
+             (SELECT count(*) FROM outbox)::int AS outbox,
+             (SELECT count(*) FROM task_audit a, unnest(${groups}::text[]) g
+               WHERE a.actor LIKE '%/agents/%' AND NOT EXISTS (SELECT 1 FROM chaos_observed o
+                 WHERE o.consumer_group = g AND o.key = a.task_id AND o.version = a.version))::int AS unobserved`
+      .execute(db)
+      .catch(() => ({ rows: [{ open: -1, outbox: -1, unobserved: -1 }] }));
+    const r = s.rows[0]!;
+    if (r.open === 0 && r.outbox === 0 && r.unobserved === 0) break;
+    if (Date.now() > settleUntil) {
+      o.log(
+        `[chaos] settle timed out: ${r.open} open tasks, ${r.outbox} outbox rows, ${r.unobserved} events unobserved`,
+      );
+      break;
+    }
+    if (Date.now() - lastProgress > 10_000) {
+      await progress('settling');
+      lastProgress = Date.now();
+    }
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  await progress('settled');
+
+  // --- the independent checker ------------------------------------------------------------
+  const checks = await checkInvariants({
+    db,
+    kafka,
+    sink,
+    eventsTopic,
+    observerGroups: groups,
+    holderAlive: fleet.holderAlive,
+    leaseTtlMs: LEASE_TTL_MS,
+  });
+  await fleet.stopAll();
+  await faults.close();
+  const terminal = (
+    await sql<{ n: number }>`SELECT count(*)::int AS n FROM task_state
+      WHERE task_id LIKE 'demo-%' AND status IN ('complete','failed','cancelled','expired')`.execute(db)
+  ).rows[0]!.n;
+  await sink.close();
+  await closeQuietly(db);
+  return {
+    tasks: created,
+    terminal,
+    faults: counts,
+    injected,
+    checks,
+    violations: checks.reduce((n, c) => n + c.violations, 0),
+    seconds: Math.round((Date.now() - startedAt) / 1000),
+  };
+}
+
+async function closeQuietly(db: Db): Promise<void> {
+  await db.destroy().catch(() => {});
+}

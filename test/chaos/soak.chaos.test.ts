@@ -1,0 +1,34 @@
+import { randomBytes } from 'node:crypto';
+import { describe, expect, inject, it } from 'vitest';
+import { runSoak } from '../../scripts/chaos/soak.js';
+import { createScratchDatabase } from '../../scripts/lib/scratchDatabase.js';
+
+describe('chaos soak (short: one minute of faults)', () => {
+  it('every kind of fault is injected and the independent checker finds 0 violations', async () => {
+    const database = `cairn_t_chaos_${randomBytes(4).toString('hex')}`;
+    const r = await runSoak({
+      minutes: 1,
+      seed: 7,
+      rate: 1,
+      workMs: 150,
+      settleS: 120,
+      faultEveryMs: 1000,
+      brokerRestartEveryS: 25,
+      databaseUrl: inject('databaseUrl'),
+      database,
+      kafkaBrokers: inject('kafkaBrokers'),
+      canRestartBroker: inject('kafkaLocal'),
+      log: (line) => process.stderr.write(`${line}\n`),
+    });
+    try {
+      expect(r.checks.filter((c) => c.violations > 0)).toEqual([]);
+      expect(r.tasks).toBeGreaterThan(30);
+      expect(r.terminal).toBe(r.tasks);
+      for (const [kind, n] of Object.entries(r.faults)) {
+        if (kind !== 'broker_restart' || inject('kafkaLocal')) expect(n, kind).toBeGreaterThan(0);
+      }
+    } finally {
+      await (await createScratchDatabase(inject('databaseUrl'), database, { recreate: true })).drop();
+    }
+  });
+});
