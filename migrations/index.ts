@@ -4,6 +4,7 @@ import * as m0002 from './0002_outbox.js';
 import * as m0003 from './0003_inbox.js';
 import * as m0004 from './0004_leases_receipts.js';
 import * as m0005 from './0005_checkpoints.js';
+import * as m0006 from './0006_tenancy.js';
 
 /**
  * Every migration, in order. Imported statically (not read from the folder) so the same
@@ -16,6 +17,7 @@ export const migrations: Record<string, Migration> = {
   '0003_inbox': m0003,
   '0004_leases_receipts': m0004,
   '0005_checkpoints': m0005,
+  '0006_tenancy': m0006,
 };
 
 export const migrationProvider: MigrationProvider = {

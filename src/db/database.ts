@@ -3,6 +3,7 @@ import pg from 'pg';
 import { z } from 'zod';
 import { UnavailableError } from '../errors.js';
 import { parseOptions } from '../options.js';
+import { registerPool } from './tenant.js';
 import type { Database } from './types.js';
 
 // int8 (bigint) columns such as versions, ids and fencing tokens stay far below 2^53 in
@@ -39,7 +40,9 @@ export function createDb(options: DbOptions): Db {
   // when the primary crashes) emits 'error' with no pool listener attached: the next query
   // on it fails and the pool drops it; without this listener the process would crash.
   pool.on('connect', (client) => client.on('error', () => {}));
-  return new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
+  const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
+  registerPool(db, pool);
+  return db;
 }
 
 /** Fails fast with the address tried and what to do, instead of hanging on a dead server. */

@@ -24,6 +24,9 @@ export const SqlState = {
   budgetDecreased: 'CN005',
   auditAppendOnly: 'CN006',
   checkpointImmutable: 'CN007',
+  legalHold: 'CN008',
+  // Row-level security refused a row of another tenant (or no tenant was set).
+  insufficientPrivilege: '42501',
 } as const;
 
 /** Turns an error raised by Cairn's SQL guards into the typed error the code would have thrown. */
@@ -40,6 +43,16 @@ export function mapSqlError(err: unknown): unknown {
     case SqlState.auditAppendOnly:
     case SqlState.checkViolation:
       return new CairnError('invariant_violated', message, { cause: err });
+    case SqlState.legalHold:
+      return new CairnError('legal_hold', message, { cause: err });
+    case SqlState.insufficientPrivilege:
+      return /row-level security/.test(message)
+        ? new CairnError(
+            'tenant_isolation',
+            `${message}: this connection acts for another tenant (cairn.tenant_id = the tenant in forTenant) or for none`,
+            { cause: err },
+          )
+        : err;
     default:
       return err;
   }

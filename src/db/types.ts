@@ -77,11 +77,14 @@ export interface InboxTable {
   partition: number;
   offset: number;
   outcome: Generated<'applied' | 'stale' | 'dead_lettered'>;
+  tenant_id: Generated<string | null>;
+  key: string | null;
   applied_at: Generated<Date>;
 }
 
 export interface InboxKeyVersionTable {
   consumer_group: string;
+  tenant_id: Generated<string | null>;
   key: string;
   version: number;
 }
@@ -89,6 +92,7 @@ export interface InboxKeyVersionTable {
 export interface InboxDlqTable {
   id: Generated<number>;
   consumer_group: string;
+  tenant_id: Generated<string | null>;
   message_id: string;
   topic: string;
   partition: number;
@@ -105,6 +109,7 @@ export interface InboxDlqTable {
 export interface TaskLeaseTable {
   task_id: string;
   branch: string;
+  tenant_id: Generated<string | null>;
   holder: string | null;
   lease_id: string | null;
   fencing_token: number;
@@ -131,6 +136,10 @@ export interface ToolReceiptTable {
   fencing_token: number | null;
   result: ColumnType<unknown, string | null, string | null>;
   result_digest: string | null;
+  /** The result encrypted with the tenant's data key `result_key_id` (then `result` is null). */
+  result_enc: Buffer | null;
+  result_key_id: string | null;
+  tenant_id: Generated<string | null>;
   error: string | null;
   resolution: string | null;
   started_at: Generated<Date>;
@@ -140,7 +149,10 @@ export interface ToolReceiptTable {
 export interface CheckpointSnapshotTable {
   snapshot_id: string;
   task_id: string;
+  tenant_id: Generated<string | null>;
   bytes: Buffer;
+  /** The tenant data key that encrypted `bytes`; null: stored in the clear (no key ring). */
+  key_id: string | null;
   created_at: Generated<Date>;
 }
 
@@ -153,10 +165,70 @@ export interface CheckpointTable {
   reason: string;
   doc: JSONColumnType<Record<string, unknown>>;
   digest: string;
+  tenant_id: Generated<string | null>;
+  data_class: Generated<DataClass>;
   created_at: Generated<Date>;
 }
 
+export type DataClass = 'public' | 'internal' | 'confidential';
+
+export interface TenantTable {
+  tenant_id: string;
+  created_at: Generated<Date>;
+}
+
+export interface TenantKeyTable {
+  key_id: string;
+  tenant_id: string;
+  kek_id: string;
+  wrapped_key: Buffer;
+  created_at: Generated<Date>;
+  rewrapped_at: Date | null;
+}
+
+export interface RetentionPolicyTable {
+  tenant_id: string;
+  data_class: DataClass;
+  retain_days: ColumnType<number, number, number>;
+  updated_at: Generated<Date>;
+}
+
+export interface LegalHoldTable {
+  hold_id: string;
+  tenant_id: string;
+  task_id: string | null;
+  reason: string;
+  placed_by: string;
+  placed_at: Generated<Date>;
+  released_by: string | null;
+  released_at: Date | null;
+}
+
+export interface TaskAnnotationTable {
+  annotation_id: string;
+  tenant_id: string;
+  task_id: string;
+  author: string;
+  body: string;
+  at: Generated<Date>;
+}
+
+export interface DeletionCertificateTable {
+  certificate_id: string;
+  run_id: string;
+  tenant_id: string;
+  issued_at: Generated<Date>;
+  body: JSONColumnType<Record<string, unknown>>;
+  digest: string;
+}
+
 export interface Database {
+  tenant: TenantTable;
+  tenant_key: TenantKeyTable;
+  retention_policy: RetentionPolicyTable;
+  legal_hold: LegalHoldTable;
+  task_annotation: TaskAnnotationTable;
+  deletion_certificate: DeletionCertificateTable;
   checkpoint: CheckpointTable;
   checkpoint_snapshot: CheckpointSnapshotTable;
   task_lease: TaskLeaseTable;
