@@ -1,12 +1,20 @@
 import { randomUUID } from 'node:crypto';
 import { sql } from 'kysely';
 import { canonicalBytes, sha256 } from '../canonical.js';
+import type { TenantKeys } from '../crypto/tenantKeys.js';
 import type { Db } from '../db/database.js';
 import type { Executor, Trx } from '../db/executor.js';
-import { ValidationError } from '../errors.js';
+import { CairnError, ValidationError } from '../errors.js';
 import type { TaskState } from '../schemas/taskState.js';
 import { zodIssues } from '../schemas/zodIssues.js';
 import { parseStoredTaskState } from '../state/parseStored.js';
+import {
+  type Classification,
+  classifySnapshot,
+  confidentialWithoutKeys,
+  DEFAULT_CLASSIFICATION,
+  validateClassification,
+} from './classification.js';
 import {
   CHECKPOINT_V1,
   CHECKPOINT_V2,
@@ -51,6 +59,13 @@ export interface CheckpointerOptions {
   db: Db;
   snapshots?: SnapshotStore;
   keyRing?: KeyRing;
+  /**
+   * Tenant data keys: snapshots are then stored encrypted (AES-256-GCM, the key id beside
+   * them) and classified with DEFAULT_CLASSIFICATION unless `classification` says otherwise.
+   */
+  keys?: TenantKeys;
+  /** Field classes of the snapshot; without keys, a snapshot holding confidential fields is refused. */
+  classification?: Classification;
   /** Crash tests: a named point after the checkpoint rows are written, before the transaction commits. */
   hooks?: { afterInsert?(): void };
 }
@@ -58,6 +73,24 @@ export interface CheckpointerOptions {
 export function createCheckpointer(options: CheckpointerOptions): Checkpointer {
   const { db } = options;
   const snapshots = options.snapshots ?? createPgSnapshotStore(db);
+  const classification = options.classification
+    ? validateClassification(options.classification)
+    : options.keys
+      ? DEFAULT_CLASSIFICATION
+      : undefined;
+
+  /** The snapshot's plaintext bytes (decrypted with the tenant's key when encrypted). */
+  async function snapshotBytes(uri: string, taskId: string): Promise<Buffer | undefined> {
+    const s = await snapshots.get(uri);
+    if (!s || s.keyId === null) return s?.bytes;
+    if (!options.keys) {
+      throw new CairnError(
+        'key_missing',
+        `snapshot ${uri} is encrypted (key ${s.keyId}) and this checkpointer has no tenant keys`,
+      );
+    }
+    return options.keys.open(s.tenantId ?? '', s.keyId, s.bytes, `snapshot:${taskId}`);
+  }
 
   async function pendingWork(trx: Executor, taskId: string) {
     const [messages, leases, receipts] = await Promise.all([
@@ -111,8 +144,17 @@ export function createCheckpointer(options: CheckpointerOptions): Checkpointer {
         .orderBy('seq', 'desc')
         .limit(1)
         .executeTakeFirst();
-      const bytes = canonicalBytes(state);
-      const uri = await snapshots.put(trx, state.task_id, bytes);
+      const { stored, dataClass } = classification
+        ? classifySnapshot(state, classification)
+        : { stored: state, dataClass: 'internal' as const };
+      if (dataClass === 'confidential' && !options.keys) throw confidentialWithoutKeys(state.task_id);
+      const bytes = canonicalBytes(stored);
+      const sealed = options.keys
+        ? await options.keys.seal(state.tenant_id, bytes, `snapshot:${state.task_id}`, trx)
+        : undefined;
+      const uri = sealed
+        ? await snapshots.put(trx, state.task_id, sealed.bytes, { keyId: sealed.keyId })
+        : await snapshots.put(trx, state.task_id, bytes);
       const { pending, receiptIds } = await pendingWork(trx, state.task_id);
       const { rows } = await sql<{ now: Date }>`SELECT now() AS now`.execute(trx);
       const unsigned: Checkpoint = {
@@ -158,6 +200,7 @@ export function createCheckpointer(options: CheckpointerOptions): Checkpointer {
           reason: cp.reason,
           doc: JSON.stringify(cp),
           digest: sha256(signedBytes(cp)),
+          data_class: dataClass,
         })
         .execute();
       options.hooks?.afterInsert?.();
@@ -175,7 +218,9 @@ export function createCheckpointer(options: CheckpointerOptions): Checkpointer {
       for (const row of rows) {
         let budget: TaskState['budget'] | undefined;
         if (row.schema_version === CHECKPOINT_V1) {
-          const bytes = await snapshots.get(String(row.doc.state_snapshot_uri));
+          const bytes = await snapshotBytes(String(row.doc.state_snapshot_uri), taskId).catch(
+            () => undefined,
+          );
           if (bytes) budget = readSnapshot(bytes, taskId)?.budget;
         }
         out.push({ checkpoint: parseDoc(row, budget), seq: row.seq, digest: row.digest });
@@ -185,7 +230,15 @@ export function createCheckpointer(options: CheckpointerOptions): Checkpointer {
 
     async verify(stored, previous) {
       const cp = stored.checkpoint;
-      const bytes = await snapshots.get(cp.state_snapshot_uri);
+      let bytes: Buffer | undefined;
+      try {
+        bytes = await snapshotBytes(cp.state_snapshot_uri, cp.task_id);
+      } catch (err) {
+        return {
+          ok: false,
+          reason: `snapshot ${cp.state_snapshot_uri} cannot be read: ${(err as Error).message}`,
+        };
+      }
       if (!bytes) return { ok: false, reason: `snapshot ${cp.state_snapshot_uri} is missing` };
       const actual = sha256(bytes);
       if (actual !== cp.integrity.snapshot_digest) {

@@ -2,24 +2,31 @@ import { randomUUID } from 'node:crypto';
 import type { Db } from '../db/database.js';
 import type { Executor, Trx } from '../db/executor.js';
 
+export interface StoredSnapshot {
+  bytes: Buffer;
+  /** The tenant data key that encrypted `bytes`, or null when they are in the clear. */
+  keyId: string | null;
+  tenantId: string | null;
+}
+
 /**
  * Where snapshot bytes live. Postgres by default (same transaction as the checkpoint row);
  * a file or object store can implement the same two calls.
  */
 export interface SnapshotStore {
-  put(trx: Trx, taskId: string, bytes: Buffer): Promise<string>;
-  get(uri: string, db?: Executor): Promise<Buffer | undefined>;
+  put(trx: Trx, taskId: string, bytes: Buffer, meta?: { keyId?: string }): Promise<string>;
+  get(uri: string, db?: Executor): Promise<StoredSnapshot | undefined>;
 }
 
 const PREFIX = 'pg:checkpoint_snapshot/';
 
 export function createPgSnapshotStore(db?: Db): SnapshotStore {
   return {
-    async put(trx, taskId, bytes) {
+    async put(trx, taskId, bytes, meta) {
       const id = randomUUID();
       await trx
         .insertInto('checkpoint_snapshot')
-        .values({ snapshot_id: id, task_id: taskId, bytes })
+        .values({ snapshot_id: id, task_id: taskId, bytes, key_id: meta?.keyId ?? null })
         .execute();
       return `${PREFIX}${id}`;
     },
@@ -29,10 +36,10 @@ export function createPgSnapshotStore(db?: Db): SnapshotStore {
       if (!on) throw new Error('createPgSnapshotStore needs a db to read');
       const row = await on
         .selectFrom('checkpoint_snapshot')
-        .select('bytes')
+        .select(['bytes', 'key_id', 'tenant_id'])
         .where('snapshot_id', '=', uri.slice(PREFIX.length))
         .executeTakeFirst();
-      return row?.bytes;
+      return row && { bytes: row.bytes, keyId: row.key_id, tenantId: row.tenant_id };
     },
   };
 }

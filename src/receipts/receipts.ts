@@ -3,7 +3,7 @@ import { hostname } from 'node:os';
 import { sql } from 'kysely';
 import { canonicalBytes, sha256 } from '../canonical.js';
 import type { ReceiptStatus } from '../db/types.js';
-import { LeaseLostError, NotFoundError, ValidationError } from '../errors.js';
+import { CairnError, LeaseLostError, NotFoundError, ValidationError } from '../errors.js';
 import type { Lease } from '../leases/leases.js';
 import { holdsFence } from '../leases/sql/fenceCheck.js';
 import { silentLogger } from '../logger.js';
@@ -41,6 +41,12 @@ export function idempotencyKeyOf(a: { taskId: string; step: string; tool: string
 
 const digestOf = (value: unknown): string => sha256(canonicalBytes(value ?? null));
 
+type StoredRow = ReceiptRow & {
+  result_enc: Buffer | null;
+  result_key_id: string | null;
+  tenant_id: string | null;
+};
+
 const COLUMNS = [
   'receipt_id',
   'idempotency_key',
@@ -52,6 +58,9 @@ const COLUMNS = [
   'worker',
   'result',
   'result_digest',
+  'result_enc',
+  'result_key_id',
+  'tenant_id',
   'error',
   'resolution',
   'started_at',
@@ -63,12 +72,45 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
   const log = (options.logger ?? silentLogger).child({ component: 'receipts' });
   const abandonAfterMs = options.abandonAfterMs ?? 300_000;
 
+  /** The stored result, decrypted when it was stored encrypted. */
+  async function decode(row: StoredRow): Promise<ReceiptRow> {
+    const { result_enc, result_key_id, tenant_id, ...rest } = row;
+    if (!result_key_id || !result_enc) return rest;
+    if (!options.keys) {
+      throw new CairnError(
+        'key_missing',
+        `receipt ${row.receipt_id}: its result is encrypted (key ${result_key_id}) and this receipt store has no tenant keys`,
+      );
+    }
+    const plain = await options.keys.open(
+      tenant_id ?? '',
+      result_key_id,
+      result_enc,
+      `receipt:${row.receipt_id}`,
+    );
+    return { ...rest, result: JSON.parse(plain.toString('utf8')) };
+  }
+
+  /** The result as stored: encrypted with the tenant's data key when the store has keys. */
+  async function encode(receiptId: string, result: unknown) {
+    const json = JSON.stringify(result ?? null);
+    if (!options.keys) return { result: json, result_enc: null, result_key_id: null };
+    const row = await db
+      .selectFrom('tool_receipt')
+      .select('tenant_id')
+      .where('receipt_id', '=', receiptId)
+      .executeTakeFirstOrThrow();
+    const sealed = await options.keys.seal(row.tenant_id ?? '', Buffer.from(json), `receipt:${receiptId}`);
+    return { result: null, result_enc: sealed.bytes, result_key_id: sealed.keyId };
+  }
+
   async function load(key: string): Promise<ReceiptRow | undefined> {
-    return (await db
+    const row = (await db
       .selectFrom('tool_receipt')
       .select(COLUMNS)
       .where('idempotency_key', '=', key)
-      .executeTakeFirst()) as ReceiptRow | undefined;
+      .executeTakeFirst()) as StoredRow | undefined;
+    return row && decode(row);
   }
 
   /** The intent row, committed before the effect runs. Returns the receipt id if this call created it. */
@@ -145,7 +187,9 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
       .updateTable('tool_receipt')
       .set({
         status: 'succeeded',
-        result: input.digestOnly ? null : JSON.stringify(result ?? null),
+        ...(input.digestOnly
+          ? { result: null, result_enc: null, result_key_id: null }
+          : await encode(ref.receiptId, result)),
         result_digest: digestOf(result),
         finished_at: sql<Date>`now()`,
       })
@@ -343,12 +387,13 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
     },
 
     async byTask(taskId) {
-      return (await db
+      const rows = (await db
         .selectFrom('tool_receipt')
         .select(COLUMNS)
         .where('task_id', '=', taskId)
         .orderBy('started_at')
-        .execute()) as ReceiptRow[];
+        .execute()) as StoredRow[];
+      return Promise.all(rows.map(decode));
     },
 
     async resolveGate(receiptId, decision) {

@@ -1,4 +1,5 @@
 import type { Checkpointer } from '../checkpoints/checkpoints.js';
+import type { TenantKeys } from '../crypto/tenantKeys.js';
 import type { Db } from '../db/database.js';
 import type { ReceiptStatus } from '../db/types.js';
 import type { Lease } from '../leases/leases.js';
@@ -98,6 +99,8 @@ export interface ReceiptStoreOptions {
   abandonAfterMs?: number;
   /** Takes a checkpoint in the same transaction as the intent of an irreversible effect. */
   checkpointer?: Checkpointer;
+  /** Tenant data keys: results are then stored encrypted (AES-256-GCM), the key id beside them. */
+  keys?: TenantKeys;
   /** Crash tests: named points where a worker can be killed. */
   hooks?: { afterIntent?(): void; afterEffect?(): void };
 }

@@ -1,0 +1,167 @@
+import { randomBytes, randomUUID } from 'node:crypto';
+import type { Db } from '../db/database.js';
+import type { Executor } from '../db/executor.js';
+import { assertTenantId } from '../db/tenant.js';
+import { CairnError } from '../errors.js';
+import { type KeyProvider, open, seal } from './keyProvider.js';
+
+export interface Sealed {
+  keyId: string;
+  bytes: Buffer;
+}
+
+/**
+ * Per-tenant data keys (AES-256), stored wrapped by a KEK of the KeyProvider in tenant_key.
+ * Payloads are encrypted with the tenant's newest data key; the key id is stored beside
+ * each ciphertext. Rotation of the KEK rewraps data keys and leaves payloads alone; shredding
+ * deletes a tenant's data keys, after which its ciphertext can never be read.
+ */
+export interface TenantKeys {
+  /** Registers the tenant (if new) and gives it a data key (if it has none). Owner connection. */
+  addTenant(tenantId: string): Promise<{ keyId: string; created: boolean }>;
+  seal(tenantId: string, plaintext: Buffer, aad: string, ex?: Executor): Promise<Sealed>;
+  open(tenantId: string, keyId: string, bytes: Buffer, aad: string, ex?: Executor): Promise<Buffer>;
+  /** Rewraps every data key not under the provider's current KEK; returns how many. */
+  rewrapAll(): Promise<{ rewrapped: number; kekId: string }>;
+  /** Deletes the tenant's data keys (crypto-shredding); returns how many. Owner connection. */
+  shred(tenantId: string): Promise<number>;
+}
+
+export function createTenantKeys(o: { db: Db; provider: KeyProvider }): TenantKeys {
+  const { db, provider } = o;
+  const unwrapped = new Map<string, { tenantId: string; key: Buffer }>();
+
+  async function keyById(keyId: string, tenantId: string, ex: Executor): Promise<Buffer> {
+    // The row is read every time (a primary-key lookup): a key shredded by another process
+    // stops working here at once. Only the unwrapping (a KMS call in production) is cached.
+    const row = await ex
+      .selectFrom('tenant_key')
+      .select(['tenant_id', 'kek_id', 'wrapped_key'])
+      .where('key_id', '=', keyId)
+      .executeTakeFirst();
+    if (!row) {
+      throw new CairnError(
+        'key_missing',
+        `data key ${keyId} of tenant ${tenantId} does not exist (shredded, or not visible to this tenant): the data it encrypted cannot be read`,
+      );
+    }
+    if (row.tenant_id !== tenantId) throw wrongTenant(keyId, row.tenant_id, tenantId);
+    const cacheKey = `${keyId}/${row.kek_id}`;
+    const cached = unwrapped.get(cacheKey);
+    if (cached) return cached.key;
+    const key = await provider.unwrap(row.kek_id, row.wrapped_key, `${row.tenant_id}/${keyId}`);
+    unwrapped.set(cacheKey, { tenantId, key });
+    return key;
+  }
+
+  async function currentKey(tenantId: string, ex: Executor): Promise<{ keyId: string; key: Buffer }> {
+    const row = await ex
+      .selectFrom('tenant_key')
+      .select('key_id')
+      .where('tenant_id', '=', tenantId)
+      .orderBy('created_at', 'desc')
+      .limit(1)
+      .executeTakeFirst();
+    if (!row) {
+      const known = await ex
+        .selectFrom('tenant')
+        .select('tenant_id')
+        .where('tenant_id', '=', tenantId)
+        .executeTakeFirst();
+      throw new CairnError(
+        known ? 'key_missing' : 'unknown_tenant',
+        known
+          ? `tenant ${tenantId} has no data key (shredded?): nothing can be encrypted for it; \`cairn tenant add ${tenantId}\` makes a new one`
+          : `unknown tenant ${tenantId}: register it first with \`cairn tenant add ${tenantId}\``,
+      );
+    }
+    return { keyId: row.key_id, key: await keyById(row.key_id, tenantId, ex) };
+  }
+
+  return {
+    async addTenant(tenantId) {
+      assertTenantId(tenantId);
+      return db.transaction().execute(async (trx) => {
+        await trx
+          .insertInto('tenant')
+          .values({ tenant_id: tenantId })
+          .onConflict((c) => c.doNothing())
+          .execute();
+        const existing = await trx
+          .selectFrom('tenant_key')
+          .select('key_id')
+          .where('tenant_id', '=', tenantId)
+          .limit(1)
+          .executeTakeFirst();
+        if (existing) return { keyId: existing.key_id, created: false };
+        const keyId = `dk-${randomUUID()}`;
+        const kekId = await provider.currentKekId();
+        const dataKey = randomBytes(32);
+        await trx
+          .insertInto('tenant_key')
+          .values({
+            key_id: keyId,
+            tenant_id: tenantId,
+            kek_id: kekId,
+            wrapped_key: await provider.wrap(kekId, dataKey, `${tenantId}/${keyId}`),
+          })
+          .execute();
+        return { keyId, created: true };
+      });
+    },
+
+    async seal(tenantId, plaintext, aad, ex = db) {
+      const { keyId, key } = await currentKey(tenantId, ex);
+      return { keyId, bytes: seal(key, plaintext, aad) };
+    },
+
+    async open(tenantId, keyId, bytes, aad, ex = db) {
+      return open(
+        await keyById(keyId, tenantId, ex),
+        bytes,
+        aad,
+        `ciphertext of tenant ${tenantId} (key ${keyId})`,
+      );
+    },
+
+    async rewrapAll() {
+      const kekId = await provider.currentKekId();
+      const rows = await db
+        .selectFrom('tenant_key')
+        .select(['key_id', 'tenant_id', 'kek_id', 'wrapped_key'])
+        .where('kek_id', '<>', kekId)
+        .execute();
+      let rewrapped = 0;
+      for (const r of rows) {
+        const context = `${r.tenant_id}/${r.key_id}`;
+        const dataKey = await provider.unwrap(r.kek_id, r.wrapped_key, context);
+        const n = await db
+          .updateTable('tenant_key')
+          .set({
+            kek_id: kekId,
+            wrapped_key: await provider.wrap(kekId, dataKey, context),
+            rewrapped_at: new Date(),
+          })
+          .where('key_id', '=', r.key_id)
+          .where('kek_id', '=', r.kek_id)
+          .executeTakeFirst();
+        rewrapped += Number(n.numUpdatedRows);
+      }
+      return { rewrapped, kekId };
+    },
+
+    async shred(tenantId) {
+      assertTenantId(tenantId);
+      const r = await db.deleteFrom('tenant_key').where('tenant_id', '=', tenantId).executeTakeFirst();
+      for (const [id, k] of unwrapped) if (k.tenantId === tenantId) unwrapped.delete(id);
+      return Number(r.numDeletedRows);
+    },
+  };
+}
+
+function wrongTenant(keyId: string, owner: string, asked: string): CairnError {
+  return new CairnError(
+    'wrong_tenant_key',
+    `data key ${keyId} belongs to tenant ${owner}, not ${asked}: refusing to decrypt; nothing was returned`,
+  );
+}
