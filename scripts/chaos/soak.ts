@@ -48,6 +48,8 @@ export interface SoakResult {
   faults: Record<FaultKind, number>;
   /** Units of each fault: messages re-sent, sessions ended, stale writes refused. */
   injected: { duplicates: number; sessionsTerminated: number; staleRefused: number };
+  /** Processes that exited without a fault telling them to (the harness restarted them). */
+  unexpectedExits: number;
   checks: Check[];
   violations: number;
   seconds: number;
@@ -129,7 +131,10 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
       env: { ...env, CHAOS_GROUP: group!, CHAOS_TOPIC: eventsTopic },
     })),
   ];
-  const fleet = createFleet(specs);
+  const fleet = createFleet(specs, {
+    onUnexpectedExit: (name, code, tail) =>
+      o.log(`[chaos] ${name} exited by itself (code ${code}); restarted. Its last output:\n${tail}`),
+  });
   fleet.startAll();
   const byKind = {
     agent: fleet.names.filter((n) => !n.startsWith('relay') && !n.startsWith('observer')),
@@ -306,6 +311,7 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     terminal,
     faults: counts,
     injected,
+    unexpectedExits: fleet.unexpectedExits(),
     checks,
     violations: checks.reduce((n, c) => n + c.violations, 0),
     seconds: Math.round((Date.now() - startedAt) / 1000),

@@ -24,11 +24,20 @@ export interface ProcessSpec {
  * Named child processes that can be SIGKILLed and restarted under the same name. Each start
  * gets a fresh `CAIRN_RELAY_INSTANCE` (relays) so a lease owner can be traced to its process.
  */
-export function createFleet(specs: readonly ProcessSpec[]) {
+export function createFleet(
+  specs: readonly ProcessSpec[],
+  o: {
+    /** A process that exits without being told to: reported with its last output, then restarted (a supervisor). */
+    onUnexpectedExit?: (name: string, code: number | null, outputTail: string) => void;
+  } = {},
+) {
   const byName = new Map(specs.map((s) => [s.name, s]));
   const live = new Map<string, Child>();
   const owners = new Map<string, Child>(); // relay instance id -> the process that used it
+  const told = new WeakSet<Child>(); // processes we SIGKILLed or stopped on purpose
   let starts = 0;
+  let unexpectedExits = 0;
+  let stopping = false;
   const start = (name: string) => {
     const spec = byName.get(name);
     if (!spec) throw new Error(`no process named ${name}`);
@@ -36,6 +45,12 @@ export function createFleet(specs: readonly ProcessSpec[]) {
     const child = spawnTs(name, spec.entry, { ...spec.env, CAIRN_RELAY_INSTANCE: instance });
     live.set(name, child);
     owners.set(instance, child);
+    void child.exited.then((code) => {
+      if (told.has(child) || stopping || live.get(name) !== child) return;
+      unexpectedExits++;
+      o.onUnexpectedExit?.(name, code, child.output().slice(-2000));
+      start(name);
+    });
   };
   const isAlive = (c: Child) => c.proc.exitCode === null && c.proc.signalCode === null;
   return {
@@ -46,7 +61,10 @@ export function createFleet(specs: readonly ProcessSpec[]) {
     /** SIGKILL, then start again under the same name. */
     async crash(name: string) {
       const c = live.get(name);
-      if (c) await sigkill(c);
+      if (c) {
+        told.add(c);
+        await sigkill(c);
+      }
       start(name);
     },
     /** SIGSTOP for `ms`, then SIGCONT: a process frozen past its leases and session (a long GC pause). */
@@ -57,7 +75,10 @@ export function createFleet(specs: readonly ProcessSpec[]) {
       await new Promise((r) => setTimeout(r, ms));
       if (isAlive(c)) c.proc.kill('SIGCONT');
     },
+    /** Processes that exited without being told to (each was restarted). */
+    unexpectedExits: () => unexpectedExits,
     async stopAll(graceMs = 5000) {
+      stopping = true;
       await Promise.all([...live.values()].map((c) => sigterm(c, graceMs)));
     },
     /** Whether a lease holder (a relay instance id, or an agent id ending in ":<pid>") is a live process. */
