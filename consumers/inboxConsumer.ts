@@ -1,4 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
+import { sql } from 'kysely';
 import type { Db } from '../src/db/database.js';
 import type { Trx } from '../src/db/executor.js';
 import { isRetriableSqlError } from '../src/db/sqlstate.js';
@@ -113,6 +114,7 @@ export function createInboxConsumer(options: InboxConsumerOptions): InboxConsume
   async function applyChunk(trx: Trx, chunk: readonly InboxMessage[]) {
     const counts = { applied: 0, duplicates: 0, stale: 0 };
     const fresh = await insertInboxRows(trx, groupId, chunk);
+    let tenantSet: string | undefined;
     for (const m of chunk) {
       // `fresh` holds each new id once; a second copy in the same chunk is a duplicate too.
       if (!fresh.delete(m.messageId)) {
@@ -127,6 +129,13 @@ export function createInboxConsumer(options: InboxConsumerOptions): InboxConsume
           log.info({ message_id: m.messageId, key: m.key, version: m.taskVersion }, 'stale message refused');
           continue;
         }
+      }
+      // The message's tenant (cairn-tenant header) for the handler's writes: row-level
+      // security binds them to it when the consumer connects as the application role.
+      const tenant = m.headers['cairn-tenant'] ?? '';
+      if (tenant !== (tenantSet ?? '')) {
+        await sql`SELECT set_config('cairn.tenant_id', ${tenant}, true)`.execute(trx);
+        tenantSet = tenant;
       }
       await handler(trx, m);
       counts.applied++;

@@ -11,14 +11,22 @@ import type { Trx } from '../../src/db/executor.js';
 export async function insertInboxRows(
   trx: Trx,
   groupId: string,
-  messages: ReadonlyArray<{ messageId: string; topic: string; partition: number; offset: string }>,
+  messages: ReadonlyArray<{
+    messageId: string;
+    topic: string;
+    partition: number;
+    offset: string;
+    key: string | null;
+    headers: Readonly<Record<string, string>>;
+  }>,
 ): Promise<Set<string>> {
   const { rows } = await sql<{ message_id: string }>`
-    INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset")
-    SELECT ${groupId}, m.id, m.topic, m.partition, m.off
+    INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", key, tenant_id)
+    SELECT ${groupId}, m.id, m.topic, m.partition, m.off, m.key, m.tenant
       FROM unnest(${messages.map((m) => m.messageId)}::text[], ${messages.map((m) => m.topic)}::text[],
-                  ${messages.map((m) => m.partition)}::int[], ${messages.map((m) => m.offset)}::bigint[])
-           AS m(id, topic, partition, off)
+                  ${messages.map((m) => m.partition)}::int[], ${messages.map((m) => m.offset)}::bigint[],
+                  ${messages.map((m) => m.key)}::text[], ${messages.map((m) => m.headers['cairn-tenant'] ?? null)}::text[])
+           AS m(id, topic, partition, off, key, tenant)
     ON CONFLICT (consumer_group, message_id) DO NOTHING
     RETURNING message_id
   `.execute(trx);

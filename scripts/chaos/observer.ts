@@ -25,7 +25,14 @@ const db = createDb({
 const consumer = createInboxConsumer({
   db,
   groupId,
-  subscriber: createKafkaSubscriber({ brokers, groupId, topics: [topic], sessionTimeoutMs: 3000 }),
+  subscriber: createKafkaSubscriber({
+    brokers,
+    groupId,
+    topics: [topic],
+    sessionTimeoutMs: 3000,
+    onRestart: (err, attempt) =>
+      console.error(`kafka consumer crashed (${err.message}); replaced, attempt ${attempt}`),
+  }),
   dlqPublisher: createKafkaPublisher({ brokers }),
   logger: createLogger({ name: `chaos-observer-${groupId}`, level: 'warn' }),
   chunkSize: 20,

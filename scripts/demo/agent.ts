@@ -87,6 +87,8 @@ const consumer = createInboxConsumer({
     groupId: `demo-${run}-${role}`,
     topics: [topicOf(run, spec.from)],
     sessionTimeoutMs: 3000,
+    onRestart: (err, attempt) =>
+      logger.warn({ err: err.message, attempt }, 'kafka consumer crashed; replaced'),
   }),
   dlqPublisher: createKafkaPublisher({ brokers }),
   logger,

@@ -40,53 +40,98 @@ export function createKafkaSubscriber(opts: {
   clientId?: string;
   fromBeginning?: boolean;
   sessionTimeoutMs?: number;
+  /** Told when the client crashed for good and is being replaced (see run()). */
+  onRestart?: (error: Error, attempt: number) => void;
 }): Subscriber {
   const kafka = kafkaClient(opts.brokers, opts.clientId ?? `cairn-inbox-${opts.groupId}`);
   let consumer: Consumer | undefined;
+  let stopped = false;
+
+  /** Connects, subscribes and starts one kafkajs consumer; resolves with a promise of its crash. */
+  async function start(eachBatch: (batch: ReceivedBatch) => Promise<void>): Promise<Promise<Error>> {
+    const c = kafka.consumer({
+      groupId: opts.groupId,
+      sessionTimeout: opts.sessionTimeoutMs ?? 10_000,
+      heartbeatInterval: 1000,
+      maxWaitTimeInMs: 100,
+      retry: { retries: 10, initialRetryTime: 200, maxRetryTime: 3000 },
+    });
+    consumer = c;
+    // kafkajs restarts itself after retriable errors only; after some others (a broker
+    // restart can cause them: tulios/kafkajs#1466) it stops for good and says so here.
+    const crashed = new Promise<Error>((resolve) => {
+      c.on(c.events.CRASH, (e) => {
+        if (!e.payload.restart) resolve(e.payload.error);
+      });
+    });
+    await c.connect();
+    await c.subscribe({ topics: opts.topics, fromBeginning: opts.fromBeginning ?? true });
+    await c.run({
+      autoCommit: false,
+      eachBatchAutoResolve: false,
+      partitionsConsumedConcurrently: 3,
+      eachBatch: async ({ batch, isRunning, isStale, heartbeat, resolveOffset }) => {
+        await eachBatch({
+          topic: batch.topic,
+          partition: batch.partition,
+          messages: batch.messages.map((m) => {
+            const headers: Record<string, string> = {};
+            for (const [k, v] of Object.entries(m.headers ?? {})) {
+              if (v !== undefined) headers[k] = Array.isArray(v) ? String(v[0]) : String(v);
+            }
+            return {
+              topic: batch.topic,
+              partition: batch.partition,
+              offset: m.offset,
+              key: m.key?.toString() ?? null,
+              value: m.value,
+              headers,
+            };
+          }),
+          isActive: () => isRunning() && !isStale(),
+          heartbeat,
+          resolveOffset,
+        });
+      },
+    });
+    return crashed;
+  }
+
   return {
+    /**
+     * Resolves once consuming has started. If the client later crashes for good, it is
+     * replaced by a new one (capped backoff) until stop(): a consumer that silently stopped
+     * would leave its partitions unread while the process looked healthy (seen in the chaos
+     * soak: agents exited with code 0 after a broker restart).
+     */
     async run(eachBatch) {
-      consumer = kafka.consumer({
-        groupId: opts.groupId,
-        sessionTimeout: opts.sessionTimeoutMs ?? 10_000,
-        heartbeatInterval: 1000,
-        maxWaitTimeInMs: 100,
-        retry: { retries: 10, initialRetryTime: 200, maxRetryTime: 3000 },
-      });
-      await consumer.connect();
-      await consumer.subscribe({ topics: opts.topics, fromBeginning: opts.fromBeginning ?? true });
-      await consumer.run({
-        autoCommit: false,
-        eachBatchAutoResolve: false,
-        partitionsConsumedConcurrently: 3,
-        eachBatch: async ({ batch, isRunning, isStale, heartbeat, resolveOffset }) => {
-          await eachBatch({
-            topic: batch.topic,
-            partition: batch.partition,
-            messages: batch.messages.map((m) => {
-              const headers: Record<string, string> = {};
-              for (const [k, v] of Object.entries(m.headers ?? {})) {
-                if (v !== undefined) headers[k] = Array.isArray(v) ? String(v[0]) : String(v);
-              }
-              return {
-                topic: batch.topic,
-                partition: batch.partition,
-                offset: m.offset,
-                key: m.key?.toString() ?? null,
-                value: m.value,
-                headers,
-              };
-            }),
-            isActive: () => isRunning() && !isStale(),
-            heartbeat,
-            resolveOffset,
-          });
-        },
-      });
+      stopped = false;
+      let crashed = await start(eachBatch);
+      void (async () => {
+        for (let attempt = 1; ; attempt++) {
+          const error = await crashed;
+          if (stopped) return;
+          opts.onRestart?.(error, attempt);
+          await consumer?.disconnect().catch(() => {});
+          for (;;) {
+            await new Promise((r) => setTimeout(r, Math.min(10_000, 250 * 2 ** Math.min(attempt, 6))));
+            if (stopped) return;
+            try {
+              crashed = await start(eachBatch);
+              break;
+            } catch (err) {
+              opts.onRestart?.(err as Error, ++attempt);
+              await consumer?.disconnect().catch(() => {});
+            }
+          }
+        }
+      })();
     },
     async commit(topic, partition, nextOffset) {
       await consumer?.commitOffsets([{ topic, partition, offset: nextOffset }]);
     },
     async stop() {
+      stopped = true;
       await consumer?.disconnect();
       consumer = undefined;
     },

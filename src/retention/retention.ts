@@ -1,0 +1,311 @@
+import { randomUUID } from 'node:crypto';
+import { sql } from 'kysely';
+import { canonicalBytes, sha256 } from '../canonical.js';
+import type { Db } from '../db/database.js';
+import type { Trx } from '../db/executor.js';
+import { SqlState, sqlState } from '../db/sqlstate.js';
+import { assertTenantId } from '../db/tenant.js';
+import type { DataClass } from '../db/types.js';
+import { CairnError, ValidationError } from '../errors.js';
+
+export const DATA_CLASSES: readonly DataClass[] = ['public', 'internal', 'confidential'];
+
+/**
+ * How long a tenant keeps a finished task, by the most sensitive class of data its
+ * checkpoints held (no checkpoint: internal). A class without a policy is kept forever.
+ */
+export async function setRetentionPolicy(
+  db: Db,
+  p: { tenantId: string; dataClass: string; retainDays: number },
+): Promise<void> {
+  assertTenantId(p.tenantId, 'tenant');
+  if (!DATA_CLASSES.includes(p.dataClass as DataClass)) {
+    throw new ValidationError('retention policy', [
+      { path: 'class', message: `must be one of ${DATA_CLASSES.join(', ')}`, value: p.dataClass },
+    ]);
+  }
+  if (!Number.isFinite(p.retainDays) || p.retainDays < 0) {
+    throw new ValidationError('retention policy', [
+      { path: 'days', message: 'must be a number of days >= 0', value: p.retainDays },
+    ]);
+  }
+  await assertTenantKnown(db, p.tenantId);
+  await db
+    .insertInto('retention_policy')
+    .values({ tenant_id: p.tenantId, data_class: p.dataClass as DataClass, retain_days: p.retainDays })
+    .onConflict((c) =>
+      c
+        .columns(['tenant_id', 'data_class'])
+        .doUpdateSet({ retain_days: p.retainDays, updated_at: new Date() }),
+    )
+    .execute();
+}
+
+async function assertTenantKnown(db: Db | Trx, tenantId: string): Promise<void> {
+  const t = await db
+    .selectFrom('tenant')
+    .select('tenant_id')
+    .where('tenant_id', '=', tenantId)
+    .executeTakeFirst();
+  if (!t) throw new CairnError('unknown_tenant', `unknown tenant ${tenantId}: no such tenant is registered`);
+}
+
+export interface DeletedTask {
+  task_id: string;
+  status: string;
+  version: number;
+  data_class: DataClass;
+  state_digest: string;
+  audit_rows: number;
+  audit_digest: string;
+  checkpoint_digests: string[];
+  snapshots: number;
+  receipts: number;
+  receipt_result_digests: string[];
+  outbox: number;
+  inbox: number;
+  leases: number;
+  annotations: number;
+}
+
+export interface Certificate {
+  certificateId: string;
+  runId: string;
+  tenantId: string;
+  body: {
+    run_id: string;
+    tenant_id: string;
+    issued_by: string;
+    policy: Partial<Record<DataClass, number>>;
+    tasks: DeletedTask[];
+    totals: Record<string, number>;
+  };
+  digest: string;
+}
+
+export interface RetentionRun {
+  runId: string;
+  dryRun: boolean;
+  certificates: Certificate[];
+  /** Expired tasks that were not deleted because a legal hold covers them. */
+  held: string[];
+  /** Would be (dry run) or were deleted. */
+  tasks: string[];
+  totals: Record<string, number>;
+}
+
+export interface RetentionOptions {
+  db: Db;
+  actor: string;
+  tenantId?: string;
+  batchSize?: number;
+  dryRun?: boolean;
+  /** Tests: called inside a batch's transaction after its deletes, before the certificate. */
+  hooks?: { afterDeletes?(taskIds: string[]): void | Promise<void> };
+}
+
+interface Candidate {
+  task_id: string;
+  status: string;
+  version: number;
+  doc: unknown;
+  data_class: DataClass;
+  held: boolean;
+}
+
+/** Terminal tasks of `tenant` past their class's retention, oldest first. */
+async function expired(db: Db | Trx, tenant: string, limit: number, exclude: string[]): Promise<Candidate[]> {
+  const r = await sql<Candidate>`
+    WITH t AS (
+      SELECT s.task_id, s.tenant_id, s.status, s.version, s.doc, s.updated_at,
+             coalesce((SELECT max(CASE c.data_class WHEN 'confidential' THEN 2 WHEN 'internal' THEN 1 ELSE 0 END)
+                         FROM checkpoint c WHERE c.task_id = s.task_id), 1) AS rank
+        FROM task_state s JOIN task_status st ON st.status = s.status AND st.terminal
+       WHERE s.tenant_id = ${tenant} AND NOT (s.task_id = ANY(${exclude}::text[]))
+    )
+    SELECT t.task_id, t.status, t.version, t.doc, p.data_class, cairn_is_held(t.tenant_id, t.task_id) AS held
+      FROM t JOIN retention_policy p
+        ON p.tenant_id = t.tenant_id
+       AND p.data_class = (CASE t.rank WHEN 2 THEN 'confidential' WHEN 1 THEN 'internal' ELSE 'public' END)
+     WHERE t.updated_at < now() - p.retain_days * interval '1 day'
+     ORDER BY t.updated_at, t.task_id
+     LIMIT ${limit}`.execute(db);
+  return r.rows;
+}
+
+/** Counts and digests of everything a task holds, read inside the batch's transaction. */
+async function describe(trx: Trx, tenant: string, c: Candidate): Promise<DeletedTask> {
+  const id = c.task_id;
+  const audit = await trx
+    .selectFrom('task_audit')
+    .select(['version', 'actor', 'reason', 'patch', 'at'])
+    .where('task_id', '=', id)
+    .orderBy('version')
+    .execute();
+  const checkpoints = await trx
+    .selectFrom('checkpoint')
+    .select('digest')
+    .where('task_id', '=', id)
+    .orderBy('seq')
+    .execute();
+  const receipts = await trx
+    .selectFrom('tool_receipt')
+    .select('result_digest')
+    .where('task_id', '=', id)
+    .orderBy('started_at')
+    .execute();
+  const n = await sql<{
+    snapshots: number;
+    outbox: number;
+    inbox: number;
+    leases: number;
+    annotations: number;
+  }>`
+    SELECT (SELECT count(*) FROM checkpoint_snapshot WHERE task_id = ${id})::int AS snapshots,
+           (SELECT count(*) FROM outbox WHERE key = ${id} AND (tenant_id = ${tenant} OR tenant_id IS NULL))::int AS outbox,
+           (SELECT count(*) FROM inbox WHERE key = ${id} AND tenant_id = ${tenant})::int AS inbox,
+           (SELECT count(*) FROM task_lease WHERE task_id = ${id})::int AS leases,
+           (SELECT count(*) FROM task_annotation WHERE task_id = ${id})::int AS annotations`.execute(trx);
+  return {
+    task_id: id,
+    status: c.status,
+    version: Number(c.version),
+    data_class: c.data_class,
+    state_digest: sha256(canonicalBytes(c.doc)),
+    audit_rows: audit.length,
+    audit_digest: sha256(canonicalBytes(audit.map((a) => ({ ...a, at: a.at.toISOString() })))),
+    checkpoint_digests: checkpoints.map((x) => x.digest),
+    receipts: receipts.length,
+    receipt_result_digests: receipts.flatMap((x) => (x.result_digest ? [x.result_digest] : [])),
+    ...n.rows[0]!,
+  };
+}
+
+async function deleteTasks(trx: Trx, tenant: string, ids: string[]): Promise<Record<string, number>> {
+  const del = async (table: string, where: ReturnType<typeof sql>) =>
+    Number((await sql`DELETE FROM ${sql.table(table)} WHERE ${where}`.execute(trx)).numAffectedRows ?? 0);
+  const byTask = sql`task_id = ANY(${ids}::text[])`;
+  return {
+    inbox: await del('inbox', sql`key = ANY(${ids}::text[]) AND tenant_id = ${tenant}`),
+    outbox: await del(
+      'outbox',
+      sql`key = ANY(${ids}::text[]) AND (tenant_id = ${tenant} OR tenant_id IS NULL)`,
+    ),
+    receipts: await del('tool_receipt', byTask),
+    leases: await del('task_lease', byTask),
+    checkpoints: await del('checkpoint', byTask),
+    snapshots: await del('checkpoint_snapshot', byTask),
+    annotations: await del('task_annotation', byTask),
+    audit_rows: await del('task_audit', byTask),
+    tasks: await del('task_state', byTask),
+  };
+}
+
+/**
+ * Deletes expired tasks with everything they hold (audit rows, checkpoints and snapshots,
+ * receipts, leases, annotations, outbox and inbox rows), a batch per transaction, and
+ * commits with each batch a deletion certificate: what was removed, counts and digests,
+ * and the certificate's own sha256. Held tasks are skipped (and the database refuses to
+ * delete them anyway). A failing batch rolls back whole: nothing is half-deleted.
+ */
+export async function runRetention(o: RetentionOptions): Promise<RetentionRun> {
+  const { db } = o;
+  const batchSize = o.batchSize ?? 100;
+  if (!Number.isInteger(batchSize) || batchSize < 1) {
+    throw new ValidationError('retention run', [
+      { path: 'batch', message: 'must be an integer >= 1', value: batchSize },
+    ]);
+  }
+  let tenants: string[];
+  if (o.tenantId !== undefined) {
+    assertTenantId(o.tenantId, 'tenant');
+    await assertTenantKnown(db, o.tenantId);
+    tenants = [o.tenantId];
+  } else {
+    tenants = (await db.selectFrom('retention_policy').select('tenant_id').distinct().execute()).map(
+      (r) => r.tenant_id,
+    );
+  }
+  const runId = randomUUID();
+  const run: RetentionRun = { runId, dryRun: !!o.dryRun, certificates: [], held: [], tasks: [], totals: {} };
+  const add = (counts: Record<string, number>) => {
+    for (const [k, v] of Object.entries(counts)) run.totals[k] = (run.totals[k] ?? 0) + v;
+  };
+
+  for (const tenant of tenants) {
+    const policy = Object.fromEntries(
+      (
+        await db
+          .selectFrom('retention_policy')
+          .select(['data_class', 'retain_days'])
+          .where('tenant_id', '=', tenant)
+          .execute()
+      ).map((p) => [p.data_class, Number(p.retain_days)]),
+    );
+    const skip: string[] = [];
+    for (;;) {
+      const batch = await expired(db, tenant, batchSize, skip);
+      const held = batch.filter((c) => c.held);
+      run.held.push(...held.map((c) => c.task_id));
+      skip.push(...batch.map((c) => c.task_id)); // in a dry run (or after a refusal) move on
+      const due = batch.filter((c) => !c.held);
+      if (batch.length === 0) break;
+      if (due.length === 0) continue;
+      if (o.dryRun) {
+        run.tasks.push(...due.map((c) => c.task_id));
+        continue;
+      }
+      try {
+        const cert = await db.transaction().execute(async (trx) => {
+          await sql`SET LOCAL cairn.retention = 'on'`.execute(trx);
+          const ids = due.map((c) => c.task_id);
+          await sql`SELECT 1 FROM task_state WHERE task_id = ANY(${ids}::text[]) FOR UPDATE`.execute(trx);
+          const tasks: DeletedTask[] = [];
+          for (const c of due) tasks.push(await describe(trx, tenant, c));
+          const deleted = await deleteTasks(trx, tenant, ids);
+          await o.hooks?.afterDeletes?.(ids);
+          const body = {
+            run_id: runId,
+            tenant_id: tenant,
+            issued_by: o.actor,
+            policy,
+            tasks,
+            totals: deleted,
+          };
+          const certificate: Certificate = {
+            certificateId: randomUUID(),
+            runId,
+            tenantId: tenant,
+            body,
+            digest: sha256(canonicalBytes(body)),
+          };
+          await trx
+            .insertInto('deletion_certificate')
+            .values({
+              certificate_id: certificate.certificateId,
+              run_id: runId,
+              tenant_id: tenant,
+              body: JSON.stringify(body),
+              digest: certificate.digest,
+            })
+            .execute();
+          return certificate;
+        });
+        run.certificates.push(cert);
+        run.tasks.push(...cert.body.tasks.map((t) => t.task_id));
+        add(cert.body.totals);
+      } catch (err) {
+        // A hold placed after the batch was chosen: the database refused, the batch rolled
+        // back whole; the next pass no longer picks the held task.
+        if (sqlState(err) !== SqlState.legalHold) throw err;
+        skip.splice(skip.length - batch.length, batch.length);
+      }
+    }
+  }
+  return run;
+}
+
+/** Recomputes a stored certificate's digest: true when its body is what was issued. */
+export function certificateIntact(c: { body: unknown; digest: string }): boolean {
+  return sha256(canonicalBytes(c.body)) === c.digest;
+}
