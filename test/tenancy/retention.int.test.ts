@@ -79,20 +79,18 @@ async function finishedTask(taskId: string, tenant: string, o: { artifacts?: boo
   const leases = createLeaseManager({ db: t.db });
   const lease = await leases.acquire({ taskId, branch: 'main', agentId: 'w1', ttlSeconds: 30 });
   if (lease.ok) await leases.release(lease);
-  await t.db
-    .transaction()
-    .execute((trx) =>
-      insertInboxRows(trx, 'g1', [
-        {
-          messageId: `in-${taskId}`,
-          topic: 'x',
-          partition: 0,
-          offset: '1',
-          key: taskId,
-          headers: { 'cairn-tenant': tenant },
-        },
-      ]),
-    );
+  await t.db.transaction().execute((trx) =>
+    insertInboxRows(trx, 'g1', [
+      {
+        messageId: `in-${taskId}`,
+        topic: 'x',
+        partition: 0,
+        offset: '1',
+        key: taskId,
+        headers: { 'cairn-tenant': tenant },
+      },
+    ]),
+  );
   await annotate(t.db, { taskId, author: OPERATOR, body: 'checked' });
   if (o.end !== false) {
     const e = await store.update({
