@@ -8,6 +8,7 @@ import { outboxCommand } from './outbox.js';
 import { resumeCommand } from './resume.js';
 import { stackCommand } from './stack.js';
 import { stateCommand } from './state.js';
+import { annotateCommand, holdCommand, keysCommand, retentionCommand, tenantCommand } from './tenancy.js';
 
 interface Command {
   run(argv: string[]): Promise<number>;
@@ -54,6 +55,31 @@ const commands: Record<string, Command> = {
     help: `  inbox dlq [--group G]                        dead letters
   inbox replay <message_id> --group G          send a dead letter back to its topic
   inbox prune [--older-than-hours 168]         delete old inbox rows in batches`,
+  },
+  tenant: {
+    run: tenantCommand,
+    help: `  tenant add <tenant> [--keyring F]            register a tenant and give it a data key (CAIRN_KEYRING)
+  tenant shred <tenant> --yes                  destroy its data keys (crypto-shredding)`,
+  },
+  keys: {
+    run: keysCommand,
+    help: `  keys init|rotate --file F                    a keyring file / a new current key-encryption key
+  keys rewrap [--keyring F]                    rewrap tenant data keys under the current KEK`,
+  },
+  retention: {
+    run: retentionCommand,
+    help: `  retention policy --tenant X --class C --days N
+  retention run [--tenant X] [--dry-run]       delete expired tasks with everything they hold; certificates
+  retention certificates [--run ID] [--json]`,
+  },
+  hold: {
+    run: holdCommand,
+    help: `  hold place|release (--task T | --tenant X) [--reason R]
+  hold list [--tenant X] [--all]               legal holds: retention never deletes held data`,
+  },
+  annotate: {
+    run: annotateCommand,
+    help: `  annotate <task> --body "..."                 an append-only correction to a task's record`,
   },
   state: {
     run: stateCommand,
