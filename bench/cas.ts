@@ -1,9 +1,12 @@
 /**
  * CAS updates per second through the TaskStore against a raw `UPDATE ... SET version =
- * version + 1` on the same table, same workers, same run. Target: ratio >= 0.7.
+ * version + 1` on the same table, same workers, same run. Target: ratio >= 0.7. Also the
+ * same CAS as the application role acting for a tenant (forTenant: row-level security on).
  */
 import { sql } from 'kysely';
-import { createTaskStore } from '../src/state/taskStore.js';
+import { createDb } from '../src/db/database.js';
+import { forTenant } from '../src/db/tenant.js';
+import { createTaskStore, type TaskStore } from '../src/state/taskStore.js';
 import { benchDatabase, flag, throughput } from './support.js';
 
 export async function benchCas(args: string[]): Promise<Record<string, unknown>> {
@@ -14,11 +17,16 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
     const store = createTaskStore({ db: env.db });
     const actor = 'spiffe://bench.local/cas';
     const ids = Array.from({ length: workers }, (_, w) => `bench-${w}`);
+    const rlsIds = Array.from({ length: workers }, (_, w) => `rls-${w}`);
+    const appUrl = new URL(env.url);
+    appUrl.username = 'cairn_app';
+    const appDb = createDb({ connectionString: appUrl.toString(), max: workers + 2 });
+    const rlsStore = createTaskStore({ db: forTenant(appDb, 'bench') });
     // The raw loop gets rows of its own in the same table: it bumps only the version column,
     // which would leave the store's rows with a document that disagrees with their version.
     const rawIds = Array.from({ length: workers }, (_, w) => `raw-${w}`);
     const versions = new Map<string, number>();
-    for (const id of [...ids, ...rawIds]) {
+    for (const id of [...ids, ...rawIds, ...rlsIds]) {
       const t = await store.create({
         task: {
           tenant_id: 'bench',
@@ -32,10 +40,10 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       versions.set(id, t.version);
     }
 
-    const tokens = new Map<string, number>(ids.map((id) => [id, 0]));
-    const cas = async (w: number) => {
-      const id = ids[w]!;
-      const r = await store.update({
+    const tokens = new Map<string, number>([...ids, ...rlsIds].map((id) => [id, 0]));
+    const casOn = (s: TaskStore, list: string[]) => async (w: number) => {
+      const id = list[w]!;
+      const r = await s.update({
         taskId: id,
         expectedVersion: versions.get(id)!,
         patch: { budget: { tokens_spent: tokens.get(id)! + 1 } },
@@ -45,14 +53,18 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       versions.set(id, r.state.version);
       tokens.set(id, r.state.budget.tokens_spent);
     };
+    const cas = casOn(store, ids);
+    const casRls = casOn(rlsStore, rlsIds);
     const raw = async (w: number) => {
       await sql`UPDATE task_state SET version = version + 1 WHERE task_id = ${rawIds[w]!}`.execute(env.db);
     };
 
     // Warm up both paths, then alternate rounds so drift (autovacuum, JIT) hits both alike.
     await throughput(workers, 1, cas);
+    await throughput(workers, 1, casRls);
     let casTotal = 0;
     let rawTotal = 0;
+    let rlsTotal = 0;
     const rounds = 2;
     let rawCpu = 0;
     let casCpu = 0;
@@ -65,7 +77,10 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       casTotal += await throughput(workers, seconds / 2, cas);
       c = process.cpuUsage(c);
       casCpu += (c.user + c.system) / 1e6 / (seconds / 2);
+      rlsTotal += await throughput(workers, seconds / 2, casRls);
     }
+    await appDb.destroy();
+    const rlsPerS = rlsTotal / rounds;
     console.log(
       `node CPU (cores busy): raw ${(rawCpu / rounds).toFixed(2)}, cas ${(casCpu / rounds).toFixed(2)}`,
     );
@@ -76,11 +91,15 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
     console.log(`CAS update (TaskStore.update, audit row, trigger): ${casPerS.toFixed(0)} /s`);
     console.log(`raw UPDATE ... SET version = version + 1:         ${rawPerS.toFixed(0)} /s`);
     console.log(`ratio: ${ratio.toFixed(2)} (target >= 0.7)`);
+    console.log(
+      `CAS as cairn_app for one tenant (forTenant, row-level security): ${rlsPerS.toFixed(0)} /s (${((rlsPerS / casPerS) * 100).toFixed(0)}% of the owner's)`,
+    );
     return {
       bench: 'cas',
       cas_per_s: Math.round(casPerS),
       raw_per_s: Math.round(rawPerS),
       ratio: Number(ratio.toFixed(3)),
+      cas_tenant_rls_per_s: Math.round(rlsPerS),
     };
   } finally {
     await env.close();

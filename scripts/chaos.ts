@@ -62,6 +62,9 @@ for (const [k, n] of Object.entries(r.faults)) console.log(`  ${k.padEnd(20)} ${
 console.log(
   `  (${r.injected.duplicates} messages re-sent, ${r.injected.sessionsTerminated} sessions ended, ${r.injected.staleRefused} stale writes refused)`,
 );
+console.log(
+  `processes that exited by themselves: ${r.unexpectedExits}; Kafka consumers replaced after a crash: ${r.consumersReplaced}`,
+);
 console.log('');
 console.log(`${'check'.padEnd(58)} ${'expected'.padEnd(20)} ${'actual'.padEnd(22)} result`);
 for (const c of r.checks) {
@@ -77,6 +80,8 @@ console.log(
     violations: r.violations,
     tasks: r.tasks,
     terminal: r.terminal,
+    unexpected_exits: r.unexpectedExits,
+    consumers_replaced: r.consumersReplaced,
     by_kind: r.faults,
     seconds: r.seconds,
     seed: Number(values.seed),

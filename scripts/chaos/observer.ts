@@ -30,8 +30,10 @@ const consumer = createInboxConsumer({
     groupId,
     topics: [topic],
     sessionTimeoutMs: 3000,
-    onRestart: (err, attempt) =>
-      console.error(`kafka consumer crashed (${err.message}); replaced, attempt ${attempt}`),
+    onRestart: (err, attempt) => {
+      console.error(`kafka consumer crashed (${err.message}); replaced, attempt ${attempt}`);
+      void sql`INSERT INTO demo_event (kind, n) VALUES ('consumer_replaced', 1)`.execute(db).catch(() => {});
+    },
   }),
   dlqPublisher: createKafkaPublisher({ brokers }),
   logger: createLogger({ name: `chaos-observer-${groupId}`, level: 'warn' }),

@@ -50,6 +50,8 @@ export interface SoakResult {
   injected: { duplicates: number; sessionsTerminated: number; staleRefused: number };
   /** Processes that exited without a fault telling them to (the harness restarted them). */
   unexpectedExits: number;
+  /** Kafka consumers that crashed for good inside an agent or observer and were replaced. */
+  consumersReplaced: number;
   checks: Check[];
   violations: number;
   seconds: number;
@@ -300,6 +302,11 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
   });
   await fleet.stopAll();
   await faults.close();
+  const consumersReplaced = (
+    await sql<{
+      n: number;
+    }>`SELECT count(*)::int AS n FROM demo_event WHERE kind = 'consumer_replaced'`.execute(db)
+  ).rows[0]!.n;
   const terminal = (
     await sql<{ n: number }>`SELECT count(*)::int AS n FROM task_state
       WHERE task_id LIKE 'demo-%' AND status IN ('complete','failed','cancelled','expired')`.execute(db)
@@ -312,6 +319,7 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     faults: counts,
     injected,
     unexpectedExits: fleet.unexpectedExits(),
+    consumersReplaced,
     checks,
     violations: checks.reduce((n, c) => n + c.violations, 0),
     seconds: Math.round((Date.now() - startedAt) / 1000),

@@ -87,8 +87,10 @@ const consumer = createInboxConsumer({
     groupId: `demo-${run}-${role}`,
     topics: [topicOf(run, spec.from)],
     sessionTimeoutMs: 3000,
-    onRestart: (err, attempt) =>
-      logger.warn({ err: err.message, attempt }, 'kafka consumer crashed; replaced'),
+    onRestart: (err, attempt) => {
+      logger.warn({ err: err.message, attempt }, 'kafka consumer crashed; replaced');
+      void sql`INSERT INTO demo_event (kind, n) VALUES ('consumer_replaced', 1)`.execute(db).catch(() => {});
+    },
   }),
   dlqPublisher: createKafkaPublisher({ brokers }),
   logger,
