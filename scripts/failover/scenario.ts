@@ -394,7 +394,7 @@ function startWitness(store: TaskStore, topic: string) {
 interface Snapshot {
   versions: Map<string, number>;
   inbox: Set<string>; // "group/message id"
-  receipts: Set<string>; // idempotency keys of succeeded receipts
+  receipts: Set<string>; // idempotency keys of receipts in any state
 }
 
 async function snapshot(q: (text: string) => Promise<Array<Record<string, unknown>>>): Promise<Snapshot> {
@@ -409,9 +409,7 @@ async function snapshot(q: (text: string) => Promise<Array<Record<string, unknow
     ),
   );
   const receipts = new Set(
-    (await q("SELECT idempotency_key FROM tool_receipt WHERE status = 'succeeded'")).map((r) =>
-      String(r.idempotency_key),
-    ),
+    (await q('SELECT idempotency_key FROM tool_receipt')).map((r) => String(r.idempotency_key)),
   );
   return { versions, inbox, receipts };
 }

@@ -13,11 +13,10 @@ export interface LostTransition {
   messageId: string;
 }
 
-/** An effect the tool reports as done whose receipt the database does not hold as succeeded. */
+/** An effect the tool reports as done of which the database holds no receipt at all. */
 export interface MissingReceipt {
   idempotencyKey: string;
   taskId: string | null;
-  storedStatus: string | null;
 }
 
 /** An effect the tool reports as applied (from its own records), and the task, if it knows. */
@@ -210,25 +209,26 @@ export async function checkAfterFailover(
   }
   const applied = o.appliedEffects ?? [];
   const keys = [...new Set(applied.map((a) => a.idempotencyKey))];
-  const receipts = new Map(
+  const known = new Set(
     keys.length === 0
       ? []
       : (
           await db
             .selectFrom('tool_receipt')
-            .select(['idempotency_key', 'status', 'task_id'])
+            .select('idempotency_key')
             .where('idempotency_key', 'in', keys)
             .execute()
-        ).map((r) => [r.idempotency_key, r] as const),
+        ).map((r) => r.idempotency_key),
   );
   const missingReceipts: MissingReceipt[] = [];
   const consumed = await lostConsumptions(db, kafka, messages, o.consumers ?? []);
   const diverged = new Set([...lostTransitions, ...consumed].map((l) => l.taskId));
   for (const a of applied) {
-    const r = receipts.get(a.idempotencyKey);
-    if (r?.status === 'succeeded') continue;
-    const taskId = r?.task_id ?? a.taskId ?? null;
-    missingReceipts.push({ idempotencyKey: a.idempotencyKey, taskId, storedStatus: r?.status ?? null });
+    // A receipt in any state means the database knows of the effect: a started or uncertain
+    // one is the ordinary crash that resume's reconcile settles. Only a missing row is a loss.
+    if (known.has(a.idempotencyKey)) continue;
+    const taskId = a.taskId ?? null;
+    missingReceipts.push({ idempotencyKey: a.idempotencyKey, taskId });
     if (taskId) diverged.add(taskId);
   }
   lostTransitions.sort((a, b) => a.taskId.localeCompare(b.taskId));
