@@ -151,7 +151,21 @@ async function start(bin: string, name: string, dir: string, port: number, socke
     '-t',
     '60',
   ]);
+  started.add(dir);
 }
+
+// Servers never outlive the process that started them, even when it dies of an error.
+const started = new Set<string>();
+process.once('exit', () => {
+  for (const dir of started) {
+    const pidFile = join(dir, 'postmaster.pid');
+    if (!existsSync(pidFile)) continue;
+    const pid = Number(readFileSync(pidFile, 'utf8').split('\n')[0]);
+    try {
+      process.kill(pid, 'SIGQUIT'); // Postgres' immediate shutdown
+    } catch {}
+  }
+});
 
 /**
  * initdb + a primary that accepts replication from 127.0.0.1; asynchronous until
