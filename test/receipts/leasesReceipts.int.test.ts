@@ -224,8 +224,10 @@ describe('tool receipts', () => {
       ),
     );
     expect(effects).toBe(1);
-    expect(outcomes.filter((o) => o === 'succeeded')).toHaveLength(1);
-    expect(outcomes.filter((o) => o === 'LeaseHeldError')).toHaveLength(9);
+    // Most lose the lease race; one that comes after the winner released it finds the
+    // receipt succeeded and does not run the effect (seen under load): both are right.
+    expect(outcomes.filter((o) => o !== 'succeeded' && o !== 'LeaseHeldError')).toEqual([]);
+    expect(outcomes.filter((o) => o === 'LeaseHeldError').length).toBeGreaterThanOrEqual(1);
     // And without a lease, ten concurrent calls on one key still run the effect once.
     const bare = await Promise.all(
       Array.from({ length: 10 }, () =>
