@@ -179,23 +179,31 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     return true;
   }
 
-  async function fault(): Promise<void> {
+  // Every kind once first (in a seeded order; the broker as soon as its interval allows),
+  // then drawn by weight: a short run still sees each kind.
+  const firstRound = WEIGHTS.map(([k]) => k).filter((k) => k !== 'broker_restart');
+  for (let i = firstRound.length - 1; i > 0; i--) {
+    const j = Math.floor(rand() * (i + 1));
+    [firstRound[i], firstRound[j]] = [firstRound[j]!, firstRound[i]!];
+  }
+  const brokerDue = () =>
+    o.canRestartBroker && Date.now() - lastBrokerRestart >= o.brokerRestartEveryS * 1000;
+
+  function draw(): FaultKind {
+    if (counts.broker_restart === 0 && brokerDue()) return 'broker_restart';
+    const next = firstRound.shift();
+    if (next) return next;
     const total = WEIGHTS.reduce((n, [, w]) => n + w, 0);
     let x = rand() * total;
-    let kind = WEIGHTS[0]![0];
     for (const [k, w] of WEIGHTS) {
       x -= w;
-      if (x < 0) {
-        kind = k;
-        break;
-      }
+      if (x < 0) return k === 'broker_restart' && !brokerDue() ? 'duplicate_delivery' : k;
     }
-    if (
-      kind === 'broker_restart' &&
-      (!o.canRestartBroker || Date.now() - lastBrokerRestart < o.brokerRestartEveryS * 1000)
-    ) {
-      kind = 'duplicate_delivery';
-    }
+    return 'agent_kill';
+  }
+
+  async function fault(): Promise<void> {
+    const kind = draw();
     switch (kind) {
       case 'agent_kill':
         await fleet.crash(pick(byKind.agent));
@@ -220,7 +228,10 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
         lastBrokerRestart = Date.now();
         break;
       case 'stale_write':
-        if (!(await staleWrite())) return;
+        if (!(await staleWrite())) {
+          if (counts.stale_write === 0) firstRound.push('stale_write'); // no task to race yet: later
+          return;
+        }
         break;
     }
     counts[kind]++;
