@@ -1,0 +1,121 @@
+import type { FailoverReport } from '../../src/recovery/failover.js';
+import { workflowDigestOf } from '../../src/recovery/resume.js';
+import type { TaskStore } from '../../src/state/taskStore.js';
+import { WORKFLOW_DEFINITION } from '../demo/workflow.js';
+import { restart } from './pgCluster.js';
+
+const WITNESSES = 3;
+
+/**
+ * Moves witness tasks through CAS updates (one message each) and remembers, per task, the
+ * last version region A acknowledged: the ground truth for "no committed transition lost".
+ */
+export function startWitness(store: TaskStore, topic: string) {
+  const acked = new Map<string, number>();
+  let writes = 0;
+  let stopping = false;
+  const ids = Array.from({ length: WITNESSES }, (_, i) => `witness-${i}`);
+  const ready = (async () => {
+    for (const id of ids) {
+      await store.create({
+        task: {
+          tenant_id: 'demo',
+          task_id: id,
+          intent_id: `witness-${id}`,
+          workflow_digest: workflowDigestOf(WORKFLOW_DEFINITION),
+          budget: { currency_committed_usd: 1, currency_spent_usd: 0, tokens_spent: 0, hops_used: 0 },
+        },
+        actor: 'spiffe://demo.cairn.local/witness',
+      });
+      acked.set(id, 1);
+    }
+  })();
+  const loop = (async () => {
+    await ready;
+    for (let n = 0; !stopping; n++) {
+      const id = ids[n % ids.length]!;
+      const v = acked.get(id)!;
+      const r = await store
+        .update({
+          taskId: id,
+          expectedVersion: v,
+          patch: { budget: { tokens_spent: n + 1 } },
+          actor: 'spiffe://demo.cairn.local/witness',
+          reason: 'witness write',
+          messages: [{ topic, payload: { witness: id, n } }],
+        })
+        .catch(() => undefined);
+      if (stopping) break; // an answer after the kill is not an acknowledgement we count on
+      if (r?.ok) {
+        acked.set(id, r.state.version);
+        writes++;
+      }
+    }
+  })();
+  return {
+    ready,
+    acked,
+    count: () => writes,
+    stop: async () => {
+      stopping = true;
+      await loop;
+    },
+  };
+}
+
+export interface Snapshot {
+  versions: Map<string, number>;
+  inbox: Set<string>; // "group/message id"
+  receipts: Set<string>; // idempotency keys of receipts in any state
+}
+
+export async function snapshot(
+  q: (text: string) => Promise<Array<Record<string, unknown>>>,
+): Promise<Snapshot> {
+  const versions = new Map(
+    (await q('SELECT task_id, version FROM task_state')).map(
+      (r) => [String(r.task_id), Number(r.version)] as const,
+    ),
+  );
+  const inbox = new Set(
+    (await q('SELECT consumer_group, message_id FROM inbox')).map(
+      (r) => `${r.consumer_group}/${r.message_id}`,
+    ),
+  );
+  const receipts = new Set(
+    (await q('SELECT idempotency_key FROM tool_receipt')).map((r) => String(r.idempotency_key)),
+  );
+  return { versions, inbox, receipts };
+}
+
+/**
+ * Starts region A's data folder again (crash recovery, as a new server on a new port) and
+ * compares it with what region B held at promotion: which tasks were really behind, and
+ * whether every task the check flagged had really lost a transition, a consumption or a receipt.
+ */
+export async function regionATruth(
+  root: string,
+  b: Snapshot,
+  report: FailoverReport,
+  log: (line: string) => void,
+): Promise<{ tasksBehind: string[]; falselyFlagged: string[] }> {
+  const a = await restart(root, 'region_a');
+  try {
+    const at = await snapshot((text) => a.query(text, 'cairn'));
+    const behind = [...at.versions].filter(([id, v]) => (b.versions.get(id) ?? 0) < v).map(([id]) => id);
+    const justified = new Set(behind);
+    for (const c of report.lostConsumptions) {
+      const k = `${c.groupId}/${c.messageId}`;
+      if (at.inbox.has(k) && !b.inbox.has(k)) justified.add(c.taskId);
+    }
+    for (const m of report.missingReceipts) {
+      if (m.taskId && at.receipts.has(m.idempotencyKey) && !b.receipts.has(m.idempotencyKey))
+        justified.add(m.taskId);
+    }
+    const falselyFlagged = report.divergedTasks.filter((id) => !justified.has(id));
+    log(`[failover] region A's own data: ${behind.length} tasks were ahead of region B at promotion`);
+    return { tasksBehind: behind.sort(), falselyFlagged };
+  } finally {
+    await a.stop();
+  }
+}
