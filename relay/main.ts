@@ -1,7 +1,7 @@
 /**
  * The relay as a process (`cairn relay`, or `tsx relay/main.ts`). Configuration from the
  * environment: DATABASE_URL, KAFKA_BROKERS, CAIRN_RELAY_INSTANCE, CAIRN_RELAY_BATCH,
- * CAIRN_RELAY_LEASE_TTL_MS, CAIRN_RELAY_MAX_IDLE_MS, CAIRN_METRICS_PORT (serves /metrics,
+ * CAIRN_RELAY_LEASE_TTL_MS, CAIRN_RELAY_MAX_IDLE_MS, CAIRN_RELAY_REPLICATION_BARRIER (auto|off), CAIRN_METRICS_PORT (serves /metrics,
  * /healthz, /readyz on 127.0.0.1 when set). SIGTERM/SIGINT finish the batch in
  * flight, release the lanes and exit 0.
  */
@@ -31,6 +31,7 @@ export async function runRelayProcess(): Promise<number> {
     ...(num('CAIRN_RELAY_BATCH') ? { batchSize: num('CAIRN_RELAY_BATCH')! } : {}),
     ...(num('CAIRN_RELAY_LEASE_TTL_MS') ? { leaseTtlMs: num('CAIRN_RELAY_LEASE_TTL_MS')! } : {}),
     ...(num('CAIRN_RELAY_MAX_IDLE_MS') ? { maxIdleMs: num('CAIRN_RELAY_MAX_IDLE_MS')! } : {}),
+    ...(process.env.CAIRN_RELAY_REPLICATION_BARRIER === 'off' ? { replicationBarrier: 'off' as const } : {}),
     // Crash tests: die by SIGKILL after the broker acked batch N and before its rows are deleted.
     ...(num('CAIRN_FAULT_KILL_AFTER_PUBLISH')
       ? { hooks: { afterPublish: killAfter(num('CAIRN_FAULT_KILL_AFTER_PUBLISH')!) } }

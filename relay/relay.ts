@@ -16,7 +16,9 @@ import {
   heartbeat,
   releaseLanes,
   renewLanes,
+  replicationBarrier,
   seedLanes,
+  synchronousReplication,
 } from './sql/laneLeases.js';
 import { parkKey } from './sql/parkKey.js';
 
@@ -44,6 +46,12 @@ export interface RelayOptions {
   wakeOnNotify?: string;
   /** Test hooks at named points; a crash test SIGKILLs the process from here. */
   hooks?: { afterPublish?(batchNumber: number, messageIds: readonly string[]): void };
+  /**
+   * 'auto' (default): when commits wait for a synchronous standby, each batch is published
+   * only after a write of the relay's own has committed (and so has replicated everything it
+   * read). 'off': never.
+   */
+  replicationBarrier?: 'auto' | 'off';
   /** Attempts for a retriable publish error (broker down, no leader) before the batch is retried from scratch. */
   publishRetries?: number;
 }
@@ -58,7 +66,7 @@ export interface RelayStats {
   /** The current idle sleep of adaptive polling, in ms (1 while busy). */
   idleMs: number;
   /** Where the loop waited, in ms: for claimed rows, for the broker's ack, for the previous delete. */
-  waitMs: { claim: number; publish: number; delete: number };
+  waitMs: { claim: number; publish: number; delete: number; barrier: number };
 }
 
 export interface Relay {
@@ -91,7 +99,7 @@ export function createRelay(options: RelayOptions): Relay {
     lanesOwned: 0,
     lostLaneDeletes: 0,
     idleMs: 1,
-    waitMs: { claim: 0, publish: 0, delete: 0 },
+    waitMs: { claim: 0, publish: 0, delete: 0, barrier: 0 },
   };
   const timed = async <T>(what: keyof RelayStats['waitMs'], p: Promise<T>): Promise<T> => {
     const t0 = performance.now();
@@ -107,8 +115,11 @@ export function createRelay(options: RelayOptions): Relay {
   let running: Promise<void> | undefined;
   let wake: (() => void) | undefined;
 
+  let barrierNeeded = false;
+
   async function rebalance(): Promise<void> {
     const live = await heartbeat(db, instanceId, ttlMs);
+    barrierNeeded = options.replicationBarrier !== 'off' && (await synchronousReplication(db));
     owned = await renewLanes(db, instanceId, ttlMs);
     const share = Math.ceil(LANE_COUNT / live);
     if (owned.size > share) {
@@ -252,6 +263,8 @@ export function createRelay(options: RelayOptions): Relay {
       prefetch = claimBatch(db, [...owned.keys()], batchSize, exclude);
       prefetch.catch(() => {}); // awaited (or dropped) later; never an unhandled rejection
     }
+    // With a synchronous standby, publish only what the standby is known to have.
+    if (barrierNeeded) await timed('barrier', replicationBarrier(db, instanceId));
     let sentIds: number[];
     try {
       await timed('publish', publishWithRetry(rows));

@@ -74,3 +74,22 @@ export async function forgetInstance(db: Executor, instanceId: string, ttlMs: nu
     db,
   );
 }
+
+/** Whether commits wait for a synchronous standby here (synchronous_standby_names set and not off/local). */
+export async function synchronousReplication(db: Executor): Promise<boolean> {
+  const { rows } = await sql<{ on: boolean }>`
+    SELECT current_setting('synchronous_standby_names') <> ''
+       AND current_setting('synchronous_commit') NOT IN ('off', 'local') AS on`.execute(db);
+  return rows[0]!.on;
+}
+
+/**
+ * A replication barrier: a write that commits only once the synchronous standby has flushed
+ * WAL up to it, and so every transaction committed before it. Postgres shows a commit to
+ * other sessions before its standby confirmed it; a relay that published such a row and then
+ * lost its primary would have published a transition the promoted standby never saw.
+ */
+export async function replicationBarrier(db: Executor, instanceId: string): Promise<void> {
+  await sql`INSERT INTO relay_instance (instance_id) VALUES (${instanceId})
+            ON CONFLICT (instance_id) DO UPDATE SET last_seen = now()`.execute(db);
+}

@@ -27,6 +27,12 @@ export interface FailoverOptions {
   kafkaBrokers: string;
   timeoutS: number;
   log: (line: string) => void;
+  /** Called after the check, before region B starts: the promoted database's URL, the topics and groups. */
+  afterCheck?: (
+    databaseUrl: string,
+    topics: string[],
+    groups: Array<{ groupId: string; topics: string[] }>,
+  ) => Promise<void>;
 }
 
 export interface FailoverResult {
@@ -179,17 +185,19 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     );
 
     // --- what did region B not receive? -------------------------------------------------------
+    const groups = ROLE_NAMES.map((r) => ({
+      groupId: `demo-${run}-${r}`,
+      topics: [topicOf(run, ROLES[r].from)],
+    }));
     const report = await checkAfterFailover(dbB, kafka, {
       topics: [...stageTopics, witnessTopic],
-      consumers: ROLE_NAMES.map((r) => ({
-        groupId: `demo-${run}-${r}`,
-        topics: [topicOf(run, ROLES[r].from)],
-      })),
+      consumers: groups,
       appliedEffects: [...sink.keysByOperation].flatMap(([taskId, keys]) =>
         [...keys].filter((k) => sink!.applied.has(k)).map((idempotencyKey) => ({ idempotencyKey, taskId })),
       ),
     });
     const checkedAt = Date.now();
+    await o.afterCheck?.(b.url('cairn'), [...stageTopics, witnessTopic], groups);
     const diverged = new Set(report.divergedTasks);
     const witnessLost = [...witness.acked].reduce(
       (n, [id, v]) => n + Math.max(0, v - (atPromotion.versions.get(id) ?? 0)),

@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 /** `cairn <command>`: operator commands. Each command lives in its own module under src/cli/. */
 import { CairnError } from '../errors.js';
+import { failoverCommand } from './failover.js';
 import { inboxCommand } from './inbox.js';
 import { checkpointCommand, taskCommand } from './inspect.js';
 import { migrateCommand } from './migrate.js';
@@ -55,6 +56,11 @@ const commands: Record<string, Command> = {
     help: `  inbox dlq [--group G]                        dead letters
   inbox replay <message_id> --group G          send a dead letter back to its topic
   inbox prune [--older-than-hours 168]         delete old inbox rows in batches`,
+  },
+  failover: {
+    run: failoverCommand,
+    help: `  failover check --topics T1,T2 [--group G=T1,T2]
+                                               after promoting a standby: what did it lose? (exit 1 if anything)`,
   },
   tenant: {
     run: tenantCommand,
