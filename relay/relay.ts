@@ -49,7 +49,7 @@ export interface RelayOptions {
   /**
    * 'auto' (default): when commits wait for a synchronous standby, each batch is published
    * only after a write of the relay's own has committed (and so has replicated everything it
-   * read). 'off': never.
+   * read, including a commit whose own wait for the standby was cancelled). 'off': never.
    */
   replicationBarrier?: 'auto' | 'off';
   /** Attempts for a retriable publish error (broker down, no leader) before the batch is retried from scratch. */

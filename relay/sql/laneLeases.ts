@@ -85,9 +85,10 @@ export async function synchronousReplication(db: Executor): Promise<boolean> {
 
 /**
  * A replication barrier: a write that commits only once the synchronous standby has flushed
- * WAL up to it, and so every transaction committed before it. Postgres shows a commit to
- * other sessions before its standby confirmed it; a relay that published such a row and then
- * lost its primary would have published a transition the promoted standby never saw.
+ * WAL up to it, and so every transaction committed before it. A commit whose wait for the
+ * standby was cancelled (pg_terminate_backend, statement_timeout, a driver's cancel) is
+ * visible before the standby has it; a relay that published such a row and then lost its
+ * primary would have published a transition the promoted standby never saw.
  */
 export async function replicationBarrier(db: Executor, instanceId: string): Promise<void> {
   await sql`INSERT INTO relay_instance (instance_id) VALUES (${instanceId})
