@@ -8,7 +8,7 @@ import { migrateToLatest } from '../../src/db/migrate.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';
-import { checkAfterFailover, type FailoverReport } from '../../src/recovery/failover.js';
+import { checkAfterFailover, type FailoverReport, quarantine } from '../../src/recovery/failover.js';
 import { resume } from '../../src/recovery/resume.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { isTerminal } from '../../src/state/transitions.js';
@@ -199,6 +199,10 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     const checkedAt = Date.now();
     await o.afterCheck?.(b.url('cairn'), [...stageTopics, witnessTopic], groups);
     const diverged = new Set(report.divergedTasks);
+    await quarantine(dbB, report.divergedTasks, {
+      reason: 'failover: region B lacks work the outside world saw',
+      actor: 'spiffe://demo.cairn.local/failover/operator',
+    });
     const witnessLost = [...witness.acked].reduce(
       (n, [id, v]) => n + Math.max(0, v - (atPromotion.versions.get(id) ?? 0)),
       0,
@@ -281,6 +285,18 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       expected: '0',
       actual: String(doubled),
       violations: doubled,
+    });
+    // Held tasks stay exactly as promoted: no transition, no new effect in region B.
+    const touched = await sql<{ task_id: string }>`
+      SELECT DISTINCT task_id FROM (
+        SELECT task_id FROM task_audit WHERE at > to_timestamp(${promotedAt / 1000})
+        UNION ALL SELECT task_id FROM tool_receipt WHERE started_at > to_timestamp(${promotedAt / 1000})) x
+       WHERE task_id = ANY(${report.divergedTasks}::text[])`.execute(dbB);
+    checks.push({
+      name: 'held tasks untouched in region B',
+      expected: `${diverged.size} untouched`,
+      actual: `${touched.rows.length} changed`,
+      violations: touched.rows.length,
     });
     if (o.mode === 'sync') {
       const lost =

@@ -2,14 +2,16 @@ import { parseArgs } from 'node:util';
 import { kafkaBrokersFromEnv } from '../env.js';
 import { CairnError } from '../errors.js';
 import { kafkaClient } from '../kafka/publisher.js';
-import { checkAfterFailover } from '../recovery/failover.js';
+import { checkAfterFailover, quarantine, releaseQuarantine } from '../recovery/failover.js';
 import { withDb } from './withDb.js';
 
 const usage = `usage:
-  cairn failover check --topics T1,T2 [--group G=T1,T2 ...] [--json]
+  cairn failover check --topics T1,T2 [--group G=T1,T2 ...] [--hold] [--json]
     Run on the promoted database before anything resumes: reports transitions a published
     message carries that the database lacks, and messages each group committed past without
-    an inbox row here. Exit 1 if anything was lost; hold those tasks.`;
+    an inbox row here. Exit 1 if anything was lost. --hold quarantines those tasks: no
+    transition and no new side effect until released.
+  cairn failover release <task> [--actor spiffe://...]`;
 
 export async function failoverCommand(argv: string[]): Promise<number> {
   const { positionals, values } = parseArgs({
@@ -19,8 +21,18 @@ export async function failoverCommand(argv: string[]): Promise<number> {
       topics: { type: 'string' },
       group: { type: 'string', multiple: true },
       json: { type: 'boolean' },
+      hold: { type: 'boolean' },
+      actor: { type: 'string', default: `spiffe://cairn.local/operator/${process.env.USER ?? 'unknown'}` },
     },
   });
+  if (positionals[0] === 'release' && positionals[1]) {
+    const task = positionals[1];
+    return withDb(async (db) => {
+      const n = await releaseQuarantine(db, task, values.actor!);
+      console.log(n ? `${task}: released` : `${task}: not quarantined`);
+      return n ? 0 : 1;
+    });
+  }
   if (positionals[0] !== 'check' || !values.topics) throw new CairnError('usage', `\n${usage}`);
   const topics = values.topics.split(',').filter(Boolean);
   const consumers = (values.group ?? []).map((g) => {
@@ -35,7 +47,10 @@ export async function failoverCommand(argv: string[]): Promise<number> {
       topics,
       consumers,
     });
-    if (values.json) console.log(JSON.stringify(r, null, 2));
+    const held = values.hold
+      ? await quarantine(db, r.divergedTasks, { reason: 'failover check: lost work', actor: values.actor! })
+      : 0;
+    if (values.json) console.log(JSON.stringify({ ...r, quarantined: held }, null, 2));
     else {
       for (const l of r.lostTransitions)
         console.log(
@@ -48,7 +63,7 @@ export async function failoverCommand(argv: string[]): Promise<number> {
       console.log(
         r.divergedTasks.length === 0
           ? 'nothing lost: the database has everything the broker saw'
-          : `hold these tasks: ${r.divergedTasks.join(', ')}`,
+          : `${values.hold ? `quarantined ${held} task(s)` : 'hold these tasks (--hold)'}: ${r.divergedTasks.join(', ')}`,
       );
     }
     return r.divergedTasks.length === 0 ? 0 : 1;

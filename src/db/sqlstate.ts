@@ -25,6 +25,7 @@ export const SqlState = {
   auditAppendOnly: 'CN006',
   checkpointImmutable: 'CN007',
   legalHold: 'CN008',
+  quarantined: 'CN009',
   // Row-level security refused a row of another tenant (or no tenant was set).
   insufficientPrivilege: '42501',
 } as const;
@@ -45,6 +46,8 @@ export function mapSqlError(err: unknown): unknown {
       return new CairnError('invariant_violated', message, { cause: err });
     case SqlState.legalHold:
       return new CairnError('legal_hold', message, { cause: err });
+    case SqlState.quarantined:
+      return new CairnError('quarantined', message, { cause: err });
     case SqlState.insufficientPrivilege:
       return /row-level security/.test(message)
         ? new CairnError(

@@ -222,7 +222,18 @@ export interface DeletionCertificateTable {
   digest: string;
 }
 
+export interface TaskQuarantineTable {
+  task_id: string;
+  tenant_id: Generated<string | null>;
+  reason: string;
+  placed_by: string;
+  placed_at: Generated<Date>;
+  released_by: string | null;
+  released_at: Date | null;
+}
+
 export interface Database {
+  task_quarantine: TaskQuarantineTable;
   tenant: TenantTable;
   tenant_key: TenantKeyTable;
   retention_policy: RetentionPolicyTable;

@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { sql } from 'kysely';
 import { canonicalBytes, sha256 } from '../canonical.js';
+import { mapSqlError } from '../db/sqlstate.js';
 import type { ReceiptStatus } from '../db/types.js';
 import { CairnError, LeaseLostError, NotFoundError, ValidationError } from '../errors.js';
 import type { Lease } from '../leases/leases.js';
@@ -119,48 +120,53 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
     key: string,
     worker: string,
   ): Promise<string | undefined> {
-    return db.transaction().execute(async (trx) => {
-      if (input.lease && !(await holdsFence(trx, input.lease))) {
-        throw new LeaseLostError(
-          `receipt ${input.tool} at ${input.step} of task ${input.taskId}: lease token ${input.lease.fencingToken} is no longer current; the effect did not run`,
-        );
-      }
-      const row = await trx
-        .insertInto('tool_receipt')
-        .values({
-          receipt_id: randomUUID(),
-          idempotency_key: key,
-          task_id: input.taskId,
-          step: input.step,
-          tool: input.tool,
-          args_digest: digestOf(input.args),
-          status: 'started',
-          irreversible: input.irreversible ?? false,
-          worker,
-          lease_task_id: input.lease?.taskId ?? null,
-          lease_branch: input.lease?.branch ?? null,
-          lease_id: input.lease?.leaseId ?? null,
-          fencing_token: input.lease?.fencingToken ?? null,
-        })
-        .onConflict((oc) => oc.column('idempotency_key').doNothing())
-        .returning('receipt_id')
-        .executeTakeFirst();
-      if (row && input.irreversible && options.checkpointer) {
-        const task = await trx
-          .selectFrom('task_state')
-          .select(['task_id', 'tenant_id', 'version', 'doc'])
-          .where('task_id', '=', input.taskId)
-          .executeTakeFirst();
-        if (task) {
-          await options.checkpointer.take(trx, {
-            state: parseStoredTaskState(task),
-            reason: `before irreversible effect: ${input.tool} at ${input.step} (receipt ${row.receipt_id})`,
-            createdBy: worker,
-          });
+    return db
+      .transaction()
+      .execute(async (trx) => {
+        if (input.lease && !(await holdsFence(trx, input.lease))) {
+          throw new LeaseLostError(
+            `receipt ${input.tool} at ${input.step} of task ${input.taskId}: lease token ${input.lease.fencingToken} is no longer current; the effect did not run`,
+          );
         }
-      }
-      return row?.receipt_id;
-    });
+        const row = await trx
+          .insertInto('tool_receipt')
+          .values({
+            receipt_id: randomUUID(),
+            idempotency_key: key,
+            task_id: input.taskId,
+            step: input.step,
+            tool: input.tool,
+            args_digest: digestOf(input.args),
+            status: 'started',
+            irreversible: input.irreversible ?? false,
+            worker,
+            lease_task_id: input.lease?.taskId ?? null,
+            lease_branch: input.lease?.branch ?? null,
+            lease_id: input.lease?.leaseId ?? null,
+            fencing_token: input.lease?.fencingToken ?? null,
+          })
+          .onConflict((oc) => oc.column('idempotency_key').doNothing())
+          .returning('receipt_id')
+          .executeTakeFirst();
+        if (row && input.irreversible && options.checkpointer) {
+          const task = await trx
+            .selectFrom('task_state')
+            .select(['task_id', 'tenant_id', 'version', 'doc'])
+            .where('task_id', '=', input.taskId)
+            .executeTakeFirst();
+          if (task) {
+            await options.checkpointer.take(trx, {
+              state: parseStoredTaskState(task),
+              reason: `before irreversible effect: ${input.tool} at ${input.step} (receipt ${row.receipt_id})`,
+              createdBy: worker,
+            });
+          }
+        }
+        return row?.receipt_id;
+      })
+      .catch((err: unknown) => {
+        throw mapSqlError(err); // a quarantined task (CN009): no new effect starts
+      });
   }
 
   /** Runs the effect for an intent this worker holds, and records how it ended. */

@@ -239,3 +239,32 @@ export async function checkAfterFailover(
     divergedTasks: [...diverged].sort(),
   };
 }
+
+/**
+ * Quarantines tasks (after `checkAfterFailover`): until released, their state cannot change
+ * and no new side effect can start for them (triggers, SQLSTATE CN009): agents that get
+ * their messages fail them to the dead-letter topic instead of redoing or skipping work.
+ */
+export async function quarantine(
+  db: Db,
+  taskIds: readonly string[],
+  o: { reason: string; actor: string },
+): Promise<number> {
+  if (taskIds.length === 0) return 0;
+  const r = await db
+    .insertInto('task_quarantine')
+    .values(taskIds.map((task_id) => ({ task_id, reason: o.reason, placed_by: o.actor })))
+    .onConflict((c) => c.column('task_id').where('released_at', 'is', null).doNothing())
+    .executeTakeFirst();
+  return Number(r.numInsertedOrUpdatedRows ?? 0);
+}
+
+export async function releaseQuarantine(db: Db, taskId: string, actor: string): Promise<number> {
+  const r = await db
+    .updateTable('task_quarantine')
+    .set({ released_at: new Date(), released_by: actor })
+    .where('task_id', '=', taskId)
+    .where('released_at', 'is', null)
+    .executeTakeFirst();
+  return Number(r.numUpdatedRows);
+}
