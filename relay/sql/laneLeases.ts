@@ -9,8 +9,7 @@ export async function seedLanes(db: Executor): Promise<void> {
 
 /** Records that this instance is alive and returns how many instances are (database clock). */
 export async function heartbeat(db: Executor, instanceId: string, ttlMs: number): Promise<number> {
-  await sql`INSERT INTO relay_instance (instance_id) VALUES (${instanceId})
-            ON CONFLICT (instance_id) DO UPDATE SET last_seen = now()`.execute(db);
+  await touchInstance(db, instanceId);
   const { rows } = await sql<{ live: number }>`
     SELECT count(*)::int AS live FROM relay_instance
      WHERE last_seen > now() - make_interval(secs => ${ttlMs / 1000})
@@ -90,7 +89,10 @@ export async function synchronousReplication(db: Executor): Promise<boolean> {
  * visible before the standby has it; a relay that published such a row and then lost its
  * primary would have published a transition the promoted standby never saw.
  */
-export async function replicationBarrier(db: Executor, instanceId: string): Promise<void> {
+export const replicationBarrier = touchInstance;
+
+/** Records this instance as alive: always a write (an upsert), which the barrier relies on. */
+async function touchInstance(db: Executor, instanceId: string): Promise<void> {
   await sql`INSERT INTO relay_instance (instance_id) VALUES (${instanceId})
             ON CONFLICT (instance_id) DO UPDATE SET last_seen = now()`.execute(db);
 }
