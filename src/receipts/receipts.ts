@@ -4,11 +4,12 @@ import { sql } from 'kysely';
 import { canonicalBytes, sha256 } from '../canonical.js';
 import { mapSqlError } from '../db/sqlstate.js';
 import type { ReceiptStatus } from '../db/types.js';
-import { CairnError, LeaseLostError, NotFoundError, ValidationError } from '../errors.js';
+import { LeaseLostError, NotFoundError, ValidationError } from '../errors.js';
 import type { Lease } from '../leases/leases.js';
 import { holdsFence } from '../leases/sql/fenceCheck.js';
 import { silentLogger } from '../logger.js';
 import { parseStoredTaskState } from '../state/parseStored.js';
+import { createResultCodec, type StoredRow } from './resultCodec.js';
 import { receiptOwnerAlive } from './sql/ownerAlive.js';
 import { reclaimReceipt } from './sql/reclaim.js';
 import type {
@@ -42,12 +43,6 @@ export function idempotencyKeyOf(a: { taskId: string; step: string; tool: string
 
 const digestOf = (value: unknown): string => sha256(canonicalBytes(value ?? null));
 
-type StoredRow = ReceiptRow & {
-  result_enc: Buffer | null;
-  result_key_id: string | null;
-  tenant_id: string | null;
-};
-
 const COLUMNS = [
   'receipt_id',
   'idempotency_key',
@@ -72,38 +67,7 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
   const { db } = options;
   const log = (options.logger ?? silentLogger).child({ component: 'receipts' });
   const abandonAfterMs = options.abandonAfterMs ?? 300_000;
-
-  /** The stored result, decrypted when it was stored encrypted. */
-  async function decode(row: StoredRow): Promise<ReceiptRow> {
-    const { result_enc, result_key_id, tenant_id, ...rest } = row;
-    if (!result_key_id || !result_enc) return rest;
-    if (!options.keys) {
-      throw new CairnError(
-        'key_missing',
-        `receipt ${row.receipt_id}: its result is encrypted (key ${result_key_id}) and this receipt store has no tenant keys`,
-      );
-    }
-    const plain = await options.keys.open(
-      tenant_id ?? '',
-      result_key_id,
-      result_enc,
-      `receipt:${row.receipt_id}`,
-    );
-    return { ...rest, result: JSON.parse(plain.toString('utf8')) };
-  }
-
-  /** The result as stored: encrypted with the tenant's data key when the store has keys. */
-  async function encode(receiptId: string, result: unknown) {
-    const json = JSON.stringify(result ?? null);
-    if (!options.keys) return { result: json, result_enc: null, result_key_id: null };
-    const row = await db
-      .selectFrom('tool_receipt')
-      .select('tenant_id')
-      .where('receipt_id', '=', receiptId)
-      .executeTakeFirstOrThrow();
-    const sealed = await options.keys.seal(row.tenant_id ?? '', Buffer.from(json), `receipt:${receiptId}`);
-    return { result: null, result_enc: sealed.bytes, result_key_id: sealed.keyId };
-  }
+  const { encode, decode } = createResultCodec(db, options.keys);
 
   async function load(key: string): Promise<ReceiptRow | undefined> {
     const row = (await db
