@@ -1,7 +1,7 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import type { Db } from '../db/database.js';
 import type { Executor } from '../db/executor.js';
-import { assertTenantId } from '../db/tenant.js';
+import { assertTenantId, assertTenantKnown } from '../db/tenant.js';
 import { CairnError } from '../errors.js';
 import { type KeyProvider, open, seal } from './keyProvider.js';
 
@@ -63,16 +63,10 @@ export function createTenantKeys(o: { db: Db; provider: KeyProvider }): TenantKe
       .limit(1)
       .executeTakeFirst();
     if (!row) {
-      const known = await ex
-        .selectFrom('tenant')
-        .select('tenant_id')
-        .where('tenant_id', '=', tenantId)
-        .executeTakeFirst();
+      await assertTenantKnown(ex, tenantId);
       throw new CairnError(
-        known ? 'key_missing' : 'unknown_tenant',
-        known
-          ? `tenant ${tenantId} has no data key (shredded?): nothing can be encrypted for it; \`cairn tenant add ${tenantId}\` makes a new one`
-          : `unknown tenant ${tenantId}: register it first with \`cairn tenant add ${tenantId}\``,
+        'key_missing',
+        `tenant ${tenantId} has no data key (shredded?): nothing can be encrypted for it; \`cairn tenant add ${tenantId}\` makes a new one`,
       );
     }
     return { keyId: row.key_id, key: await keyById(row.key_id, tenantId, ex) };

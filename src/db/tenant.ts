@@ -11,8 +11,9 @@ import {
   type TransactionSettings,
 } from 'kysely';
 import type pg from 'pg';
-import { ValidationError } from '../errors.js';
+import { CairnError, ValidationError } from '../errors.js';
 import type { Db } from './database.js';
+import type { Executor } from './executor.js';
 import type { Database } from './types.js';
 
 export const TENANT_ID = /^[a-z0-9][a-z0-9_.-]{0,62}$/;
@@ -28,6 +29,22 @@ export function assertTenantId(tenantId: unknown, field = 'tenant_id'): string {
     ]);
   }
   return tenantId;
+}
+
+/** Refuses a tenant id that is malformed or not registered (`cairn tenant add`), by name. */
+export async function assertTenantKnown(db: Executor, tenantId: string, field = 'tenant'): Promise<void> {
+  assertTenantId(tenantId, field);
+  const t = await db
+    .selectFrom('tenant')
+    .select('tenant_id')
+    .where('tenant_id', '=', tenantId)
+    .executeTakeFirst();
+  if (!t) {
+    throw new CairnError(
+      'unknown_tenant',
+      `unknown tenant ${tenantId}: register it first with \`cairn tenant add ${tenantId}\``,
+    );
+  }
 }
 
 const setLocal = (tenant: string) =>

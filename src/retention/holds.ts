@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { Db } from '../db/database.js';
-import { assertTenantId } from '../db/tenant.js';
-import { CairnError, NotFoundError, ValidationError } from '../errors.js';
+import { assertTenantKnown } from '../db/tenant.js';
+import { NotFoundError, ValidationError } from '../errors.js';
 
 export interface Hold {
   holdId: string;
@@ -20,16 +20,6 @@ const required = (field: string, value: unknown): string => {
   }
   return value;
 };
-
-async function assertTenantKnown(db: Db, tenantId: string): Promise<void> {
-  assertTenantId(tenantId);
-  const t = await db
-    .selectFrom('tenant')
-    .select('tenant_id')
-    .where('tenant_id', '=', tenantId)
-    .executeTakeFirst();
-  if (!t) throw new CairnError('unknown_tenant', `unknown tenant ${tenantId}: no such tenant is registered`);
-}
 
 /**
  * Legal holds: while one is active on a task (or on its whole tenant), retention skips it and

@@ -4,9 +4,9 @@ import { canonicalBytes, sha256 } from '../canonical.js';
 import type { Db } from '../db/database.js';
 import type { Trx } from '../db/executor.js';
 import { SqlState, sqlState } from '../db/sqlstate.js';
-import { assertTenantId } from '../db/tenant.js';
+import { assertTenantKnown } from '../db/tenant.js';
 import type { DataClass } from '../db/types.js';
-import { CairnError, ValidationError } from '../errors.js';
+import { ValidationError } from '../errors.js';
 
 export const DATA_CLASSES: readonly DataClass[] = ['public', 'internal', 'confidential'];
 
@@ -18,7 +18,6 @@ export async function setRetentionPolicy(
   db: Db,
   p: { tenantId: string; dataClass: string; retainDays: number },
 ): Promise<void> {
-  assertTenantId(p.tenantId, 'tenant');
   if (!DATA_CLASSES.includes(p.dataClass as DataClass)) {
     throw new ValidationError('retention policy', [
       { path: 'class', message: `must be one of ${DATA_CLASSES.join(', ')}`, value: p.dataClass },
@@ -39,15 +38,6 @@ export async function setRetentionPolicy(
         .doUpdateSet({ retain_days: p.retainDays, updated_at: new Date() }),
     )
     .execute();
-}
-
-async function assertTenantKnown(db: Db | Trx, tenantId: string): Promise<void> {
-  const t = await db
-    .selectFrom('tenant')
-    .select('tenant_id')
-    .where('tenant_id', '=', tenantId)
-    .executeTakeFirst();
-  if (!t) throw new CairnError('unknown_tenant', `unknown tenant ${tenantId}: no such tenant is registered`);
 }
 
 export interface DeletedTask {
@@ -218,7 +208,6 @@ export async function runRetention(o: RetentionOptions): Promise<RetentionRun> {
   }
   let tenants: string[];
   if (o.tenantId !== undefined) {
-    assertTenantId(o.tenantId, 'tenant');
     await assertTenantKnown(db, o.tenantId);
     tenants = [o.tenantId];
   } else {
