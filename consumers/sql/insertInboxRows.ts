@@ -1,5 +1,6 @@
 import { sql } from 'kysely';
 import type { Trx } from '../../src/db/executor.js';
+import type { InboxMessage } from '../inboxConsumer.js';
 
 /**
  * Records a chunk of messages as applied, in the handler's transaction, and returns the ids
@@ -11,14 +12,9 @@ import type { Trx } from '../../src/db/executor.js';
 export async function insertInboxRows(
   trx: Trx,
   groupId: string,
-  messages: ReadonlyArray<{
-    messageId: string;
-    topic: string;
-    partition: number;
-    offset: string;
-    key: string | null;
-    headers: Readonly<Record<string, string>>;
-  }>,
+  messages: ReadonlyArray<
+    Pick<InboxMessage, 'messageId' | 'topic' | 'partition' | 'offset' | 'key' | 'headers'>
+  >,
 ): Promise<Set<string>> {
   const { rows } = await sql<{ message_id: string }>`
     INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", key, tenant_id)
