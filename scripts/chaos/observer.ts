@@ -12,10 +12,12 @@ import { createDb } from '../../src/db/database.js';
 import { createKafkaPublisher } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { createLogger } from '../../src/logger.js';
+import { countConsumerRestarts, runUntilSigterm } from '../demo/consumerProcess.js';
 
 const brokers = process.env.KAFKA_BROKERS!.split(',');
 const groupId = process.env.CHAOS_GROUP!;
 const topic = process.env.CHAOS_TOPIC!;
+const logger = createLogger({ name: `chaos-observer-${groupId}`, level: 'warn' });
 const db = createDb({
   connectionString: process.env.DATABASE_URL!,
   max: 3,
@@ -30,13 +32,10 @@ const consumer = createInboxConsumer({
     groupId,
     topics: [topic],
     sessionTimeoutMs: 3000,
-    onRestart: (err, attempt) => {
-      console.error(`kafka consumer crashed (${err.message}); replaced, attempt ${attempt}`);
-      void sql`INSERT INTO demo_event (kind, n) VALUES ('consumer_replaced', 1)`.execute(db).catch(() => {});
-    },
+    onRestart: countConsumerRestarts(db, logger),
   }),
   dlqPublisher: createKafkaPublisher({ brokers }),
-  logger: createLogger({ name: `chaos-observer-${groupId}`, level: 'warn' }),
+  logger,
   chunkSize: 20,
   maxAttempts: 20,
   retryBaseMs: 100,
@@ -47,10 +46,4 @@ const consumer = createInboxConsumer({
   },
 });
 
-process.once('SIGTERM', () => {
-  void consumer
-    .stop()
-    .then(() => db.destroy())
-    .then(() => process.exit(0));
-});
-await consumer.run();
+await runUntilSigterm(consumer, db);

@@ -19,6 +19,7 @@ import { createReceiptStore } from '../../src/receipts/receipts.js';
 import type { TaskPatch } from '../../src/schemas/taskPatch.js';
 import type { TaskStatus } from '../../src/schemas/taskState.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
+import { countConsumerRestarts, runUntilSigterm } from './consumerProcess.js';
 import { ROLES, type Role, topicOf } from './workflow.js';
 
 const run = process.env.DEMO_RUN!;
@@ -87,10 +88,7 @@ const consumer = createInboxConsumer({
     groupId: `demo-${run}-${role}`,
     topics: [topicOf(run, spec.from)],
     sessionTimeoutMs: 3000,
-    onRestart: (err, attempt) => {
-      logger.warn({ err: err.message, attempt }, 'kafka consumer crashed; replaced');
-      void sql`INSERT INTO demo_event (kind, n) VALUES ('consumer_replaced', 1)`.execute(db).catch(() => {});
-    },
+    onRestart: countConsumerRestarts(db, logger),
   }),
   dlqPublisher: createKafkaPublisher({ brokers }),
   logger,
@@ -146,10 +144,4 @@ const consumer = createInboxConsumer({
   },
 });
 
-process.once('SIGTERM', () => {
-  void consumer
-    .stop()
-    .then(() => db.destroy())
-    .then(() => process.exit(0));
-});
-await consumer.run();
+await runUntilSigterm(consumer, db);
