@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type Sink, startSink } from '../support/effectSink.js';
+import { waitForLeasesExpired } from '../support/leases.js';
 import { spawnTs } from '../support/processes.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
@@ -56,9 +57,9 @@ describe('receipts under worker death (real processes, effects counted by an HTT
     };
     await Promise.all(Array.from({ length: SLOTS }, slot));
 
-    // A last worker that never dies settles what is left (waits out the dead workers' 1 s leases).
+    // A last worker that never dies settles what is left, once the dead workers' leases expired.
     for (let round = 0; round < 10; round++) {
-      await new Promise((r) => setTimeout(r, 1200));
+      await waitForLeasesExpired(tdb.db);
       const last = spawnTs('settler', 'test/support/receiptWorker.ts', {
         DATABASE_URL: tdb.url,
         SINK_URL: sink.url,

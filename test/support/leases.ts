@@ -9,12 +9,28 @@ export async function waitForLeaseExpiry(
   branch: string,
   deadlineMs = 30_000,
 ): Promise<void> {
+  await waitForLeasesExpired(
+    db,
+    sql`task_id = ${taskId} AND branch = ${branch}`,
+    `the lease ${taskId}/${branch}`,
+    deadlineMs,
+  );
+}
+
+/** Waits until every lease (matching `where`) has expired by the database clock. */
+export async function waitForLeasesExpired(
+  db: Db,
+  where = sql`true`,
+  what = 'every lease',
+  deadlineMs = 30_000,
+): Promise<void> {
   await waitFor(
-    `the lease ${taskId}/${branch} to expire`,
+    `${what} to expire`,
     async () => {
       const { rows } = await sql<{ expired: boolean }>`
-        SELECT coalesce(bool_and(expires_at <= now()), true) AS expired
-          FROM task_lease WHERE task_id = ${taskId} AND branch = ${branch}`.execute(db);
+        SELECT coalesce(bool_and(expires_at <= now()), true) AS expired FROM task_lease WHERE ${where}`.execute(
+        db,
+      );
       return rows[0]!.expired;
     },
     deadlineMs,
