@@ -1,5 +1,6 @@
 import type { Db } from '../src/db/database.js';
-import { NotFoundError } from '../src/errors.js';
+import { sql } from 'kysely';
+import { CairnError, NotFoundError, ValidationError } from '../src/errors.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 
 export interface DeadLetter {
@@ -35,28 +36,58 @@ export async function listDeadLetters(db: Db, groupId?: string): Promise<DeadLet
 
 /**
  * Sends a dead letter back to its original topic with its original headers (same message
- * id). The group's inbox row is removed first, so the consumer applies it as new; a replay
- * whose publish failed can simply be run again.
+ * id). The group's dead-lettered inbox row is removed first, so the consumer applies it as
+ * new. Safe to run again: while the replayed copy is unconsumed it is simply sent again (the
+ * inbox drops the second copy); once the group applied it, the replay is refused and nothing
+ * is sent — an applied message never becomes un-applied.
  */
 export async function replayDeadLetter(
   db: Db,
   publisher: Publisher,
-  a: { messageId: string; groupId: string },
+  a: { messageId: string; groupId: string; tenantId?: string },
 ): Promise<DeadLetter> {
   const row = await db.transaction().execute(async (trx) => {
-    const dl = await trx
-      .updateTable('inbox_dlq')
-      .set({ replayed_at: new Date() })
+    let q = trx
+      .selectFrom('inbox_dlq')
+      .selectAll()
       .where('consumer_group', '=', a.groupId)
       .where('message_id', '=', a.messageId)
-      .returningAll()
+      .forUpdate();
+    if (a.tenantId !== undefined) q = q.where(sql<boolean>`coalesce(tenant_id, '') = ${a.tenantId}`);
+    const found = await q.execute();
+    if (found.length === 0) throw new NotFoundError(`dead letter of group ${a.groupId}`, a.messageId);
+    if (found.length > 1) {
+      throw new ValidationError('replay', [
+        {
+          path: 'tenant',
+          message: `message ${a.messageId} is a dead letter of tenants ${found.map((f) => f.tenant_id ?? '(none)').join(', ')}: name one`,
+        },
+      ]);
+    }
+    const dl = found[0]!;
+    const tenant = sql<boolean>`coalesce(tenant_id, '') = ${dl.tenant_id ?? ''}`;
+    const inbox = await trx
+      .selectFrom('inbox')
+      .select('outcome')
+      .where('consumer_group', '=', a.groupId)
+      .where(tenant)
+      .where('message_id', '=', a.messageId)
+      .forUpdate()
       .executeTakeFirst();
-    if (!dl) throw new NotFoundError(`dead letter of group ${a.groupId}`, a.messageId);
+    if (inbox?.outcome === 'applied') {
+      throw new CairnError(
+        'already_applied',
+        `message ${a.messageId} was already applied by group ${a.groupId} (an earlier replay went through); nothing was sent`,
+      );
+    }
     await trx
       .deleteFrom('inbox')
       .where('consumer_group', '=', a.groupId)
+      .where(tenant)
       .where('message_id', '=', a.messageId)
+      .where('outcome', '=', 'dead_lettered')
       .execute();
+    await trx.updateTable('inbox_dlq').set({ replayed_at: new Date() }).where('id', '=', dl.id).execute();
     return dl;
   });
   await publisher.connect();

@@ -1,13 +1,13 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import { sql } from 'kysely';
 import type { Db } from '../src/db/database.js';
 import type { Trx } from '../src/db/executor.js';
 import { isRetriableSqlError } from '../src/db/sqlstate.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import type { ReceivedBatch, ReceivedMessage, Subscriber } from '../src/kafka/subscriber.js';
 import { type Logger, silentLogger } from '../src/logger.js';
+import { HEADER } from '../src/outbox/wire.js';
 import { claimVersion } from './sql/claimVersion.js';
-import { insertInboxRows } from './sql/insertInboxRows.js';
+import { appliedBy, inboxKey, insertInboxRows } from './sql/insertInboxRows.js';
 import { pruneInbox } from './sql/pruneInbox.js';
 import { recordDeadLetter } from './sql/recordDeadLetter.js';
 
@@ -20,8 +20,14 @@ export interface InboxMessage {
   key: string | null;
   headers: Readonly<Record<string, string>>;
   value: Buffer | null;
+  /** The tenant whose message it is (`cairn-tenant`, set by the relay from the outbox row). */
+  tenantId: string | undefined;
+  /** The task whose change caused the message (`cairn-task-id`), when it has one. */
+  taskId: string | undefined;
   /** The task version that caused the message (`cairn-task-version`), when it has one. */
   taskVersion: number | undefined;
+  /** The message's place among the messages of that change (`cairn-task-seq`), from 0. */
+  taskSeq: number;
   json<T = unknown>(): T;
 }
 
@@ -74,17 +80,21 @@ export interface InboxConsumer {
 
 const SEVEN_DAYS_MS = 7 * 24 * 3600 * 1000;
 
+const count = (v: string | undefined) => (v !== undefined && /^\d{1,15}$/.test(v) ? Number(v) : undefined);
+
 export function toInboxMessage(m: ReceivedMessage): InboxMessage {
-  const version = m.headers['cairn-task-version'];
   return {
-    messageId: m.headers['cairn-message-id'] ?? `${m.topic}:${m.partition}:${m.offset}`,
+    messageId: m.headers[HEADER.messageId] ?? `${m.topic}:${m.partition}:${m.offset}`,
     topic: m.topic,
     partition: m.partition,
     offset: m.offset,
     key: m.key,
     headers: m.headers,
     value: m.value,
-    taskVersion: version !== undefined && /^\d+$/.test(version) ? Number(version) : undefined,
+    tenantId: m.headers[HEADER.tenant] || undefined,
+    taskId: m.headers[HEADER.taskId] || undefined,
+    taskVersion: count(m.headers[HEADER.taskVersion]),
+    taskSeq: count(m.headers[HEADER.taskSeq]) ?? 0,
     json<T>() {
       return JSON.parse(m.value?.toString('utf8') ?? 'null') as T;
     },
@@ -114,28 +124,29 @@ export function createInboxConsumer(options: InboxConsumerOptions): InboxConsume
   async function applyChunk(trx: Trx, chunk: readonly InboxMessage[]) {
     const counts = { applied: 0, duplicates: 0, stale: 0 };
     const fresh = await insertInboxRows(trx, groupId, chunk);
-    let tenantSet: string | undefined;
     for (const m of chunk) {
-      // `fresh` holds each new id once; a second copy in the same chunk is a duplicate too.
-      if (!fresh.delete(m.messageId)) {
+      // `fresh` holds each new (tenant, id) once; a second copy in the same chunk is a duplicate too.
+      if (!fresh.delete(inboxKey(m))) {
         counts.duplicates++;
         continue;
       }
       if (options.refuseStaleVersions && m.key !== null && m.taskVersion !== undefined) {
-        if (
-          !(await claimVersion(trx, { groupId, key: m.key, version: m.taskVersion, messageId: m.messageId }))
-        ) {
+        const claimed = await claimVersion(trx, {
+          groupId,
+          tenantId: m.tenantId ?? null,
+          key: m.key,
+          version: m.taskVersion,
+          seq: m.taskSeq,
+          messageId: m.messageId,
+        });
+        if (!claimed) {
           counts.stale++;
-          log.info({ message_id: m.messageId, key: m.key, version: m.taskVersion }, 'stale message refused');
+          log.info(
+            { message_id: m.messageId, key: m.key, version: m.taskVersion, seq: m.taskSeq },
+            'stale message refused',
+          );
           continue;
         }
-      }
-      // The message's tenant (cairn-tenant header) for the handler's writes: row-level
-      // security binds them to it when the consumer connects as the application role.
-      const tenant = m.headers['cairn-tenant'] ?? '';
-      if (tenant !== (tenantSet ?? '')) {
-        await sql`SELECT set_config('cairn.tenant_id', ${tenant}, true)`.execute(trx);
-        tenantSet = tenant;
       }
       await handler(trx, m);
       counts.applied++;
@@ -152,6 +163,12 @@ export function createInboxConsumer(options: InboxConsumerOptions): InboxConsume
 
   async function deadLetter(m: InboxMessage, error: unknown, attempts: number): Promise<void> {
     const message = (error as Error)?.message ?? String(error);
+    // A consumer that lost the partition while this message failed here: its new owner may
+    // have applied it meanwhile, and an applied message is never dead-lettered.
+    if (await appliedBy(db, groupId, m)) {
+      log.warn({ message_id: m.messageId }, 'not dead-lettered: another consumer of the group applied it');
+      return;
+    }
     dlqConnected ??= options.dlqPublisher.connect();
     await dlqConnected;
     // Publish first, then record: a crash in between re-sends the same dead letter (same message id), never loses it.
@@ -172,9 +189,13 @@ export function createInboxConsumer(options: InboxConsumerOptions): InboxConsume
         },
       },
     ]);
-    await db
+    const recorded = await db
       .transaction()
       .execute((trx) => recordDeadLetter(trx, { groupId, message: m, error: message, attempts }));
+    if (!recorded) {
+      log.warn({ message_id: m.messageId }, 'dead letter not recorded: another consumer of the group applied it');
+      return;
+    }
     stats.deadLettered++;
     log.error(
       { message_id: m.messageId, topic: m.topic, offset: m.offset, err: message },

@@ -6,6 +6,7 @@ import * as m0004 from './0004_leases_receipts.js';
 import * as m0005 from './0005_checkpoints.js';
 import * as m0006 from './0006_tenancy.js';
 import * as m0007 from './0007_quarantine.js';
+import * as m0008 from './0008_hardening.js';
 
 /**
  * Every migration, in order. Imported statically (not read from the folder) so the same
@@ -20,6 +21,7 @@ export const migrations: Record<string, Migration> = {
   '0005_checkpoints': m0005,
   '0006_tenancy': m0006,
   '0007_quarantine': m0007,
+  '0008_hardening': m0008,
 };
 
 export const migrationProvider: MigrationProvider = {

@@ -25,7 +25,11 @@ export interface RelayOptions {
    */
   wakeOnNotify?: string;
   /** Test hooks at named points; a crash test SIGKILLs the process from here. */
-  hooks?: { afterPublish?(batchNumber: number, messageIds: readonly string[]): void };
+  hooks?: {
+    afterPublish?(batchNumber: number, messageIds: readonly string[]): void;
+    /** Before each single-message publish while a refused batch is searched for its culprit. */
+    beforeIsolatedPublish?(messageId: string): void | Promise<void>;
+  };
   /**
    * 'auto' (default): when commits wait for a synchronous standby, each batch is published
    * only after a write of the relay's own has committed (and so has replicated everything it

@@ -5,9 +5,14 @@ export interface ClaimedRow {
   id: number;
   lane: number;
   message_id: string;
+  tenant_id: string | null;
+  task_id: string | null;
+  task_version: number | null;
+  task_seq: number | null;
   topic: string;
   key: string;
-  headers: Record<string, string>;
+  /** As stored: only the caller's headers, and not to be trusted (see src/outbox/wire.ts). */
+  headers: unknown;
   payload: Buffer;
 }
 
@@ -42,13 +47,15 @@ export async function claimBatch(
   const extra = new Map<number, number>();
   for (const r of exclude) extra.set(r.lane, (extra.get(r.lane) ?? 0) + 1);
   const { rows } = await sql<ClaimedRow>`
-    SELECT o.id, o.lane, o.message_id, o.topic, o.key, o.headers, o.payload
+    SELECT o.id, o.lane, o.message_id, o.tenant_id, o.task_id, o.task_version, o.task_seq,
+           o.topic, o.key, o.headers, o.payload
       FROM unnest(${lanes}::int[], ${lanes.map((l) => base + (extra.get(l) ?? 0))}::int[]) AS l(lane, n)
      CROSS JOIN LATERAL (
        SELECT * FROM outbox o
         WHERE o.lane = l.lane
           AND o.id <> ALL(${exclude.map((r) => r.id)}::bigint[])
-          AND NOT EXISTS (SELECT 1 FROM outbox_parked_key p WHERE p.topic = o.topic AND p.key = o.key)
+          AND NOT EXISTS (SELECT 1 FROM outbox_parked_key p
+                           WHERE p.tenant = coalesce(o.tenant_id, '') AND p.topic = o.topic AND p.key = o.key)
         ORDER BY o.id
         LIMIT l.n) o
      ORDER BY o.id

@@ -1,16 +1,16 @@
 import { sql } from 'kysely';
 import type { Executor } from '../../src/db/executor.js';
 
-/** Parks a key at its head message and records the error on the row. */
+/** Parks a tenant's key at its head message and records the error on the row. */
 export async function parkKey(
   db: Executor,
-  p: { topic: string; key: string; messageId: string; id: number; error: string },
+  p: { tenant: string | null; topic: string; key: string; messageId: string; id: number; error: string },
 ): Promise<void> {
   await sql`
     WITH parked AS (
-      INSERT INTO outbox_parked_key (topic, key, message_id, error)
-      VALUES (${p.topic}, ${p.key}, ${p.messageId}::uuid, ${p.error})
-      ON CONFLICT (topic, key) DO NOTHING
+      INSERT INTO outbox_parked_key (tenant, topic, key, message_id, error)
+      VALUES (${p.tenant ?? ''}, ${p.topic}, ${p.key}, ${p.messageId}::uuid, ${p.error})
+      ON CONFLICT (tenant, topic, key) DO NOTHING
     )
     UPDATE outbox SET attempts = attempts + 1, last_error = ${p.error} WHERE id = ${p.id}
   `.execute(db);

@@ -28,8 +28,13 @@ export interface OutboxTable {
   lane: number;
   message_id: string;
   tenant_id: string | null;
+  /** The task whose change caused the message, its version and the message's place in that change (0008). */
+  task_id: string | null;
+  task_version: number | null;
+  task_seq: number | null;
   topic: string;
   key: string;
+  /** The caller's headers; the relay adds Cairn's own (src/outbox/wire.ts) from the columns. */
   headers: JSONColumnType<Record<string, string>>;
   payload: Buffer;
   created_at: Generated<Date>;
@@ -51,6 +56,8 @@ export interface RelayInstanceTable {
 }
 
 export interface OutboxParkedKeyTable {
+  /** The message's tenant, '' for none: keys are parked per tenant. */
+  tenant: Generated<string>;
   topic: string;
   key: string;
   message_id: string;
@@ -61,6 +68,7 @@ export interface OutboxParkedKeyTable {
 export interface OutboxOperatorAuditTable {
   id: Generated<number>;
   action: 'release' | 'skip';
+  tenant: string | null;
   topic: string | null;
   key: string | null;
   message_id: string | null;
@@ -87,6 +95,8 @@ export interface InboxKeyVersionTable {
   tenant_id: Generated<string | null>;
   key: string;
   version: number;
+  /** The newest applied message's place within its change (cairn-task-seq). */
+  seq: Generated<number>;
 }
 
 export interface InboxDlqTable {
@@ -117,7 +127,14 @@ export interface TaskLeaseTable {
   expires_at: Date;
 }
 
-export type ReceiptStatus = 'started' | 'succeeded' | 'failed' | 'uncertain' | 'compensated' | 'gated';
+export type ReceiptStatus =
+  | 'started'
+  | 'succeeded'
+  | 'failed'
+  | 'uncertain'
+  | 'compensating'
+  | 'compensated'
+  | 'gated';
 
 export interface ToolReceiptTable {
   receipt_id: string;
@@ -174,6 +191,8 @@ export type DataClass = 'public' | 'internal' | 'confidential';
 
 export interface TenantTable {
   tenant_id: string;
+  /** The tenant's login role (0008): what row-level security keys on. */
+  role_name: string | null;
   created_at: Generated<Date>;
 }
 

@@ -2,6 +2,7 @@ import { v5 as uuidv5, v7 as uuidv7 } from 'uuid';
 import { z } from 'zod';
 import { ValidationError } from '../errors.js';
 import { zodIssues } from '../schemas/zodIssues.js';
+import { isReservedHeader, RESERVED_PREFIX } from './wire.js';
 
 /** Namespace for message ids derived from a caller's idempotency key (UUIDv5). */
 const MESSAGE_ID_NAMESPACE = '6f1d3c5e-8a8f-4d8e-9c47-3c7a0e4b2a11';
@@ -22,7 +23,17 @@ export const OutboxMessageInput = z.strictObject({
   key: z.string().min(1).max(1024).optional(),
   /** JSON (validated by the topic's registered schema, if any) or raw bytes. */
   payload: z.union([z.instanceof(Buffer), z.unknown()]),
-  headers: z.record(z.string().regex(/^[A-Za-z0-9._-]{1,128}$/), z.string().max(8192)).optional(),
+  headers: z
+    .record(
+      z
+        .string()
+        .regex(/^[A-Za-z0-9._-]{1,128}$/)
+        .refine((name) => !isReservedHeader(name), {
+          message: `headers under "${RESERVED_PREFIX}" are Cairn's own (it sets them from the outbox row)`,
+        }),
+      z.string().max(8192),
+    )
+    .optional(),
   /** Makes the message id deterministic: the same key always yields the same message_id. */
   idempotencyKey: z.string().min(1).max(512).optional(),
   /** W3C trace context, forwarded as the `traceparent` header. */
@@ -37,13 +48,19 @@ export interface OutboxRow {
   message_id: string;
   topic: string;
   key: string;
+  /** The caller's headers only: the relay adds Cairn's (wire.ts) from the columns below. */
   headers: Record<string, string>;
   payload: Buffer;
   tenant_id: string | null;
+  task_id: string | null;
+  task_version: number | null;
+  task_seq: number | null;
 }
 
 export interface PrepareContext {
   defaultKey?: string;
+  /** The task whose change causes the message. */
+  taskId?: string;
   taskVersion?: number;
   tenantId?: string;
   schemas: ReadonlyMap<string, z.ZodType>;
@@ -94,12 +111,25 @@ export function prepareMessage(input: OutboxMessageInput, index: number, ctx: Pr
       },
     ]);
   }
+  // The tenant and the task are part of the name: two tenants (or two tasks) using the same
+  // idempotency key on a topic get two ids, so no inbox drops one as the other's duplicate.
   const messageId = m.idempotencyKey
-    ? uuidv5(`${m.topic}\u0000${m.idempotencyKey}`, MESSAGE_ID_NAMESPACE)
+    ? uuidv5(
+        [ctx.tenantId ?? '', ctx.taskId ?? '', m.topic, m.idempotencyKey].join('\u0000'),
+        MESSAGE_ID_NAMESPACE,
+      )
     : uuidv7();
-  const headers: Record<string, string> = { ...m.headers, 'cairn-message-id': messageId };
-  if (ctx.taskVersion !== undefined) headers['cairn-task-version'] = String(ctx.taskVersion);
-  if (ctx.tenantId) headers['cairn-tenant'] = ctx.tenantId;
+  const headers: Record<string, string> = { ...m.headers };
   if (m.traceparent) headers.traceparent = m.traceparent;
-  return { message_id: messageId, topic: m.topic, key, headers, payload, tenant_id: ctx.tenantId ?? null };
+  return {
+    message_id: messageId,
+    topic: m.topic,
+    key,
+    headers,
+    payload,
+    tenant_id: ctx.tenantId ?? null,
+    task_id: ctx.taskId ?? null,
+    task_version: ctx.taskVersion ?? null,
+    task_seq: ctx.taskVersion !== undefined ? index : null,
+  };
 }

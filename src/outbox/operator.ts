@@ -1,7 +1,10 @@
+import { sql } from 'kysely';
 import type { Db } from '../db/database.js';
 import { NotFoundError, ValidationError } from '../errors.js';
 
 export interface ParkedKey {
+  /** The tenant whose key it is ('' for messages without one): keys are parked per tenant. */
+  tenant: string;
   topic: string;
   key: string;
   message_id: string;
@@ -23,10 +26,11 @@ function requireReason(reason: string | undefined): string {
 export async function listParked(db: Db): Promise<ParkedKey[]> {
   return db
     .selectFrom('outbox_parked_key as p')
-    .select(['p.topic', 'p.key', 'p.message_id', 'p.error', 'p.parked_at'])
+    .select(['p.tenant', 'p.topic', 'p.key', 'p.message_id', 'p.error', 'p.parked_at'])
     .select((eb) =>
       eb
         .selectFrom('outbox as o')
+        .where(sql<boolean>`coalesce(o.tenant_id, '') = p.tenant`)
         .whereRef('o.topic', '=', 'p.topic')
         .whereRef('o.key', '=', 'p.key')
         .select(eb.fn.countAll<number>().as('n'))
@@ -36,24 +40,45 @@ export async function listParked(db: Db): Promise<ParkedKey[]> {
     .execute() as Promise<ParkedKey[]>;
 }
 
-/** Lets a parked key flow again from its head message (which is tried again). Audited. */
+/**
+ * Lets a parked key flow again from its head message (which is tried again). Audited. Keys
+ * are parked per tenant: when two tenants have the same key parked, `tenant` says which.
+ */
 export async function releaseKey(
   db: Db,
-  a: { topic: string; key: string; actor: string; reason: string },
+  a: { topic: string; key: string; tenant?: string; actor: string; reason: string },
 ): Promise<void> {
   const reason = requireReason(a.reason);
   await db.transaction().execute(async (t) => {
-    const parked = await t
-      .deleteFrom('outbox_parked_key')
+    let q = t
+      .selectFrom('outbox_parked_key')
+      .select(['tenant', 'message_id', 'error'])
       .where('topic', '=', a.topic)
       .where('key', '=', a.key)
-      .returning(['message_id', 'error'])
-      .executeTakeFirst();
-    if (!parked) throw new NotFoundError('parked key', `${a.topic}/${a.key}`);
+      .forUpdate();
+    if (a.tenant !== undefined) q = q.where('tenant', '=', a.tenant);
+    const found = await q.execute();
+    if (found.length === 0) throw new NotFoundError('parked key', `${a.topic}/${a.key}`);
+    if (found.length > 1) {
+      throw new ValidationError('release', [
+        {
+          path: 'tenant',
+          message: `key ${a.key} is parked for tenants ${found.map((f) => f.tenant || '(none)').join(', ')}: name one`,
+        },
+      ]);
+    }
+    const parked = found[0]!;
+    await t
+      .deleteFrom('outbox_parked_key')
+      .where('tenant', '=', parked.tenant)
+      .where('topic', '=', a.topic)
+      .where('key', '=', a.key)
+      .execute();
     await t
       .insertInto('outbox_operator_audit')
       .values({
         action: 'release',
+        tenant: parked.tenant,
         topic: a.topic,
         key: a.key,
         message_id: parked.message_id,
@@ -78,14 +103,19 @@ export async function skipMessage(
     const row = await t
       .deleteFrom('outbox')
       .where('message_id', '=', a.messageId)
-      .returning(['topic', 'key', 'headers', 'payload', 'last_error'])
+      .returning(['tenant_id', 'topic', 'key', 'headers', 'payload', 'last_error'])
       .executeTakeFirst();
     if (!row) throw new NotFoundError('outbox message', a.messageId);
-    await t.deleteFrom('outbox_parked_key').where('message_id', '=', a.messageId).execute();
+    await t
+      .deleteFrom('outbox_parked_key')
+      .where('message_id', '=', a.messageId)
+      .where('tenant', '=', row.tenant_id ?? '')
+      .execute();
     await t
       .insertInto('outbox_operator_audit')
       .values({
         action: 'skip',
+        tenant: row.tenant_id,
         topic: row.topic,
         key: row.key,
         message_id: a.messageId,

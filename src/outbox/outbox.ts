@@ -31,6 +31,7 @@ export interface EnqueueContext {
   /** Refuse (LeaseLostError) unless this lease is still current; checked in the same transaction. */
   fence?: Fence;
   defaultKey?: string;
+  taskId?: string;
   taskVersion?: number;
   tenantId?: string;
 }
@@ -77,6 +78,9 @@ export function createOutbox(options: OutboxOptions = {}): Outbox {
             lane: laneOf(r.key),
             message_id: r.message_id,
             tenant_id: r.tenant_id,
+            task_id: r.task_id,
+            task_version: r.task_version,
+            task_seq: r.task_seq,
             topic: r.topic,
             key: r.key,
             headers: JSON.stringify(r.headers),

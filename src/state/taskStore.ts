@@ -222,7 +222,12 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
         });
       let swapped: boolean;
       let messageIds: string[] = [];
-      const ctx = { defaultKey: next.task_id, taskVersion: next.version, tenantId: next.tenant_id };
+      const ctx = {
+        defaultKey: next.task_id,
+        taskId: next.task_id,
+        taskVersion: next.version,
+        tenantId: next.tenant_id,
+      };
       try {
         const boundary = o.checkpointer ? boundaryOf(prev, next, input.reason) : undefined;
         const checkpoint = input.checkpoint ?? (boundary ? { reason: boundary } : undefined);

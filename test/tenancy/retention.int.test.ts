@@ -87,7 +87,7 @@ async function finishedTask(taskId: string, tenant: string, o: { artifacts?: boo
         partition: 0,
         offset: '1',
         key: taskId,
-        headers: { 'cairn-tenant': tenant },
+        tenantId: tenant,
       },
     ]),
   );
