@@ -1,5 +1,5 @@
-import type { Db } from '../src/db/database.js';
 import { sql } from 'kysely';
+import type { Db } from '../src/db/database.js';
 import { CairnError, NotFoundError, ValidationError } from '../src/errors.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 

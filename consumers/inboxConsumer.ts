@@ -193,7 +193,10 @@ export function createInboxConsumer(options: InboxConsumerOptions): InboxConsume
       .transaction()
       .execute((trx) => recordDeadLetter(trx, { groupId, message: m, error: message, attempts }));
     if (!recorded) {
-      log.warn({ message_id: m.messageId }, 'dead letter not recorded: another consumer of the group applied it');
+      log.warn(
+        { message_id: m.messageId },
+        'dead letter not recorded: another consumer of the group applied it',
+      );
       return;
     }
     stats.deadLettered++;

@@ -10,7 +10,14 @@ import type { Trx } from '../../src/db/executor.js';
  */
 export async function claimVersion(
   trx: Trx,
-  a: { groupId: string; tenantId: string | null; key: string; version: number; seq: number; messageId: string },
+  a: {
+    groupId: string;
+    tenantId: string | null;
+    key: string;
+    version: number;
+    seq: number;
+    messageId: string;
+  },
 ): Promise<boolean> {
   const { rows } = await sql<{ version: number }>`
     INSERT INTO inbox_key_version (consumer_group, tenant_id, key, version, seq)

@@ -1,7 +1,7 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import type { Db } from '../db/database.js';
 import type { Executor } from '../db/executor.js';
-import { assertTenantId, assertTenantKnown } from '../db/tenant.js';
+import { assertTenantId, assertTenantKnown, registerTenant } from '../db/tenant.js';
 import { CairnError } from '../errors.js';
 import { type KeyProvider, open, seal } from './keyProvider.js';
 
@@ -76,11 +76,7 @@ export function createTenantKeys(o: { db: Db; provider: KeyProvider }): TenantKe
     async addTenant(tenantId) {
       assertTenantId(tenantId);
       return db.transaction().execute(async (trx) => {
-        await trx
-          .insertInto('tenant')
-          .values({ tenant_id: tenantId })
-          .onConflict((c) => c.doNothing())
-          .execute();
+        await registerTenant(trx, tenantId);
         const existing = await trx
           .selectFrom('tenant_key')
           .select('key_id')

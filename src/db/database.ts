@@ -1,9 +1,16 @@
-import { Kysely, PostgresDialect } from 'kysely';
+import {
+  type Dialect,
+  Kysely,
+  PostgresAdapter,
+  PostgresDialect,
+  PostgresIntrospector,
+  PostgresQueryCompiler,
+} from 'kysely';
 import pg from 'pg';
 import { z } from 'zod';
 import { UnavailableError } from '../errors.js';
 import { parseOptions } from '../options.js';
-import { registerPool } from './tenant.js';
+import { destroyTenantViews, registerPool } from './tenant.js';
 import type { Database } from './types.js';
 
 // int8 (bigint) columns such as versions, ids and fencing tokens stay far below 2^53 in
@@ -21,11 +28,38 @@ const DbOptions = z
   .strict();
 
 export type DbOptions = z.input<typeof DbOptions>;
+export type PoolSettings = z.output<typeof DbOptions>;
 export type Db = Kysely<Database>;
 
-/** Creates a kysely instance over a pg pool. Call `db.destroy()` to close it. */
+/** Creates a kysely instance over a pg pool. Call `db.destroy()` to close it (and its tenant views). */
 export function createDb(options: DbOptions): Db {
   const o = parseOptions('database options', DbOptions, options);
+  const pool = createPool(o);
+  const driver = new PostgresDialect({ pool }).createDriver();
+  const dialect: Dialect = {
+    createAdapter: () => new PostgresAdapter(),
+    createDriver: () => ({
+      init: () => driver.init(),
+      acquireConnection: () => driver.acquireConnection(),
+      beginTransaction: (c, s) => driver.beginTransaction(c, s),
+      commitTransaction: (c) => driver.commitTransaction(c),
+      rollbackTransaction: (c) => driver.rollbackTransaction(c),
+      releaseConnection: (c) => driver.releaseConnection(c),
+      destroy: async () => {
+        await destroyTenantViews(db);
+        await driver.destroy();
+      },
+    }),
+    createIntrospector: (k) => new PostgresIntrospector(k),
+    createQueryCompiler: () => new PostgresQueryCompiler(),
+  };
+  const db: Db = new Kysely<Database>({ dialect });
+  registerPool(db, o);
+  return db;
+}
+
+/** A pg pool with Cairn's settings and error listeners. */
+export function createPool(o: PoolSettings): pg.Pool {
   const pool = new pg.Pool({
     connectionString: o.connectionString,
     max: o.max,
@@ -40,9 +74,7 @@ export function createDb(options: DbOptions): Db {
   // when the primary crashes) emits 'error' with no pool listener attached: the next query
   // on it fails and the pool drops it; without this listener the process would crash.
   pool.on('connect', (client) => client.on('error', () => {}));
-  const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
-  registerPool(db, pool);
-  return db;
+  return pool;
 }
 
 /** Fails fast with the address tried and what to do, instead of hanging on a dead server. */

@@ -52,7 +52,7 @@ export function mapSqlError(err: unknown): unknown {
       return /row-level security/.test(message)
         ? new CairnError(
             'tenant_isolation',
-            `${message}: this connection acts for another tenant (cairn.tenant_id = the tenant in forTenant) or for none`,
+            `${message}: this connection acts for another tenant (the tenant role forTenant logs in as) or for none`,
             { cause: err },
           )
         : err;

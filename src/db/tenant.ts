@@ -1,5 +1,4 @@
 import {
-  CompiledQuery,
   type DatabaseConnection,
   type Dialect,
   type Driver,
@@ -8,11 +7,12 @@ import {
   PostgresDriver,
   PostgresIntrospector,
   PostgresQueryCompiler,
+  sql,
   type TransactionSettings,
 } from 'kysely';
 import type pg from 'pg';
 import { CairnError, ValidationError } from '../errors.js';
-import type { Db } from './database.js';
+import { createPool, type Db, type PoolSettings } from './database.js';
 import type { Executor } from './executor.js';
 import type { Database } from './types.js';
 
@@ -47,70 +47,114 @@ export async function assertTenantKnown(db: Executor, tenantId: string, field = 
   }
 }
 
-const setLocal = (tenant: string) =>
-  CompiledQuery.raw("SELECT set_config('cairn.tenant_id', $1, true)", [tenant]);
-const setSession = (tenant: string) =>
-  CompiledQuery.raw("SELECT set_config('cairn.tenant_id', $1, false)", [tenant]);
-const reset = CompiledQuery.raw('RESET cairn.tenant_id');
-
 /**
- * A driver that acts for one tenant on a shared pool: every transaction starts with
- * SET LOCAL cairn.tenant_id (the setting row-level security reads), and a statement outside
- * a transaction runs with the same setting for as long as it holds the connection, reset on
- * release. The pool belongs to the parent database: destroying this one leaves it open.
+ * Registers a tenant and creates its login role (idempotent). Run as the owner or an
+ * operator with CREATEROLE; returns the role's name. `cairn tenant add` does this too.
  */
-class TenantDriver implements Driver {
-  constructor(
-    private readonly inner: Driver,
-    private readonly tenant: string,
-  ) {}
-  init() {
-    return this.inner.init();
-  }
-  async acquireConnection(): Promise<DatabaseConnection> {
-    const c = await this.inner.acquireConnection();
-    try {
-      await c.executeQuery(setSession(this.tenant));
-    } catch (err) {
-      await this.inner.releaseConnection(c);
-      throw err;
-    }
-    return c;
-  }
-  async beginTransaction(c: DatabaseConnection, settings: TransactionSettings) {
-    await this.inner.beginTransaction(c, settings);
-    await c.executeQuery(setLocal(this.tenant));
-  }
-  commitTransaction(c: DatabaseConnection) {
-    return this.inner.commitTransaction(c);
-  }
-  rollbackTransaction(c: DatabaseConnection) {
-    return this.inner.rollbackTransaction(c);
-  }
-  async releaseConnection(c: DatabaseConnection) {
-    await c.executeQuery(reset).catch(() => {}); // a dead connection is dropped by the pool anyway
-    await this.inner.releaseConnection(c);
-  }
-  async destroy() {}
+export async function registerTenant(db: Executor, tenantId: string): Promise<string> {
+  assertTenantId(tenantId);
+  const { rows } = await sql<{ role: string }>`SELECT cairn_register_tenant(${tenantId}) AS role`.execute(db);
+  return rows[0]!.role;
 }
 
-const pools = new WeakMap<Db, pg.Pool>();
+/** How a tenant's connections log in; by default the parent's server and database, as the tenant's role, no password. */
+export interface TenantLogin {
+  /** The tenant role's password (set one in production: `ALTER ROLE ... PASSWORD`). */
+  password?: string;
+  /** A whole connection string for the tenant's role, instead of the parent's with the role as user. */
+  connectionString?: string;
+  /** Connections in the tenant's pool (default: the parent's). */
+  max?: number;
+}
+
+/**
+ * A driver that acts for one tenant: its own pool, logged in as the tenant's role. Row-level
+ * security keys on that login (session_user), which nothing said over the connection can
+ * change, so no connection of this pool can ever act for another tenant, and no setting can
+ * leak to another tenant's connection: they never share one. The role is looked up on first
+ * use, so forTenant itself stays synchronous.
+ */
+class TenantDriver implements Driver {
+  private inner: Driver | undefined;
+  private pool: pg.Pool | undefined;
+  constructor(
+    private readonly parent: Db,
+    private readonly parentOptions: PoolSettings,
+    private readonly tenant: string,
+    private readonly login: TenantLogin,
+  ) {}
+  async init() {
+    const row = await this.parent
+      .selectFrom('tenant')
+      .select('role_name')
+      .where('tenant_id', '=', this.tenant)
+      .executeTakeFirst();
+    if (!row?.role_name) {
+      throw new CairnError(
+        'unknown_tenant',
+        `tenant ${this.tenant} has no login role: register it first with \`cairn tenant add ${this.tenant}\` (or registerTenant())`,
+      );
+    }
+    let url = this.login.connectionString;
+    if (!url) {
+      const u = new URL(this.parentOptions.connectionString);
+      u.username = row.role_name;
+      u.password = this.login.password ?? '';
+      url = u.toString();
+    }
+    this.pool = createPool({
+      ...this.parentOptions,
+      connectionString: url,
+      max: this.login.max ?? this.parentOptions.max,
+    });
+    this.inner = new PostgresDriver({ pool: this.pool });
+    await this.inner.init();
+  }
+  acquireConnection(): Promise<DatabaseConnection> {
+    return this.inner!.acquireConnection();
+  }
+  beginTransaction(c: DatabaseConnection, settings: TransactionSettings) {
+    return this.inner!.beginTransaction(c, settings);
+  }
+  commitTransaction(c: DatabaseConnection) {
+    return this.inner!.commitTransaction(c);
+  }
+  rollbackTransaction(c: DatabaseConnection) {
+    return this.inner!.rollbackTransaction(c);
+  }
+  releaseConnection(c: DatabaseConnection) {
+    return this.inner!.releaseConnection(c);
+  }
+  async destroy() {
+    await this.inner?.destroy();
+  }
+}
+
+const settings = new WeakMap<Db, PoolSettings>();
 const views = new WeakMap<Db, Map<string, Db>>();
 
-/** Remembers the pool behind a database created by createDb (so tenant views can share it). */
-export function registerPool(db: Db, pool: pg.Pool): void {
-  pools.set(db, pool);
+/** Remembers how a database made by createDb connects (so tenant views can log in likewise). */
+export function registerPool(db: Db, options: PoolSettings): void {
+  settings.set(db, options);
+}
+
+/** Closes the tenant views of a database (createDb's destroy does this). */
+export async function destroyTenantViews(db: Db): Promise<void> {
+  const byTenant = views.get(db);
+  views.delete(db);
+  await Promise.all([...(byTenant?.values() ?? [])].map((v) => v.destroy()));
 }
 
 /**
  * The same database, acting for `tenantId`: hand it to createTaskStore, createOutbox and the
- * rest. Connect as the application role (`cairn_app`, created by the migrations): the owner
- * of the tables and superusers are not bound by row-level security.
+ * rest. Its connections log in as the tenant's role (created by `cairn tenant add` or
+ * registerTenant), which owns nothing, so row-level security binds every statement to the
+ * tenant, whatever the SQL says. One pool per tenant, closed with the parent database.
  */
-export function forTenant(db: Db, tenantId: string): Db {
+export function forTenant(db: Db, tenantId: string, login: TenantLogin = {}): Db {
   assertTenantId(tenantId);
-  const pool = pools.get(db);
-  if (!pool) throw new Error('forTenant needs a database made by createDb (its pool is shared)');
+  const options = settings.get(db);
+  if (!options) throw new Error('forTenant needs a database made by createDb');
   let byTenant = views.get(db);
   if (!byTenant) {
     byTenant = new Map();
@@ -120,7 +164,7 @@ export function forTenant(db: Db, tenantId: string): Db {
   if (!view) {
     const dialect: Dialect = {
       createAdapter: () => new PostgresAdapter(),
-      createDriver: () => new TenantDriver(new PostgresDriver({ pool }), tenantId),
+      createDriver: () => new TenantDriver(db, options, tenantId, login),
       createIntrospector: (k) => new PostgresIntrospector(k),
       createQueryCompiler: () => new PostgresQueryCompiler(),
     };

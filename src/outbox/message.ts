@@ -23,17 +23,7 @@ export const OutboxMessageInput = z.strictObject({
   key: z.string().min(1).max(1024).optional(),
   /** JSON (validated by the topic's registered schema, if any) or raw bytes. */
   payload: z.union([z.instanceof(Buffer), z.unknown()]),
-  headers: z
-    .record(
-      z
-        .string()
-        .regex(/^[A-Za-z0-9._-]{1,128}$/)
-        .refine((name) => !isReservedHeader(name), {
-          message: `headers under "${RESERVED_PREFIX}" are Cairn's own (it sets them from the outbox row)`,
-        }),
-      z.string().max(8192),
-    )
-    .optional(),
+  headers: z.record(z.string().regex(/^[A-Za-z0-9._-]{1,128}$/), z.string().max(8192)).optional(),
   /** Makes the message id deterministic: the same key always yields the same message_id. */
   idempotencyKey: z.string().min(1).max(512).optional(),
   /** W3C trace context, forwarded as the `traceparent` header. */
@@ -73,6 +63,16 @@ export function prepareMessage(input: OutboxMessageInput, index: number, ctx: Pr
   const parsed = OutboxMessageInput.safeParse(input);
   if (!parsed.success) throw new ValidationError(what, zodIssues(parsed.error, input));
   const m = parsed.data;
+  const reserved = Object.keys(m.headers ?? {}).filter(isReservedHeader);
+  if (reserved.length > 0) {
+    throw new ValidationError(
+      what,
+      reserved.map((name) => ({
+        path: `headers.${name}`,
+        message: `is reserved: headers under "${RESERVED_PREFIX}" are Cairn's own (the relay sets them from the outbox row)`,
+      })),
+    );
+  }
   const key = m.key ?? ctx.defaultKey;
   if (!key) {
     throw new ValidationError(what, [

@@ -41,13 +41,19 @@ export interface WireColumns {
  */
 export function wireHeaders(stored: unknown, row: WireColumns): Record<string, string> {
   if (stored === null || typeof stored !== 'object' || Array.isArray(stored)) {
-    throw new BadRowError(row.message_id, `headers are ${Array.isArray(stored) ? 'an array' : typeof stored}, not an object`);
+    throw new BadRowError(
+      row.message_id,
+      `headers are ${Array.isArray(stored) ? 'an array' : typeof stored}, not an object`,
+    );
   }
   const out: Record<string, string> = {};
   for (const [name, value] of Object.entries(stored)) {
     if (isReservedHeader(name)) continue; // rows from before migration 0008 stored Cairn's own
     if (typeof value !== 'string') {
-      throw new BadRowError(row.message_id, `header ${JSON.stringify(name)} is ${value === null ? 'null' : typeof value}, not a string`);
+      throw new BadRowError(
+        row.message_id,
+        `header ${JSON.stringify(name)} is ${value === null ? 'null' : typeof value}, not a string`,
+      );
     }
     out[name] = value;
   }

@@ -69,12 +69,14 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
   const abandonAfterMs = options.abandonAfterMs ?? 300_000;
   const { encode, decode } = createResultCodec(db, options.keys);
 
-  async function load(key: string): Promise<ReceiptRow | undefined> {
-    const row = (await db
-      .selectFrom('tool_receipt')
-      .select(COLUMNS)
-      .where('idempotency_key', '=', key)
-      .executeTakeFirst()) as StoredRow | undefined;
+  /**
+   * The receipt of a key, for the task the key was made from (the key is a digest over the
+   * task id): a row another tenant planted under the same key, on a task of its own, is not it.
+   */
+  async function load(key: string, taskId?: string): Promise<ReceiptRow | undefined> {
+    let q = db.selectFrom('tool_receipt').select(COLUMNS).where('idempotency_key', '=', key);
+    if (taskId !== undefined) q = q.where('task_id', '=', taskId);
+    const row = (await q.orderBy('started_at').executeTakeFirst()) as StoredRow | undefined;
     return row && decode(row);
   }
 
@@ -109,7 +111,8 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
             lease_id: input.lease?.leaseId ?? null,
             fencing_token: input.lease?.fencingToken ?? null,
           })
-          .onConflict((oc) => oc.column('idempotency_key').doNothing())
+          // Unique per tenant and key: a second intent for the same key is "not new".
+          .onConflict((oc) => oc.doNothing())
           .returning('receipt_id')
           .executeTakeFirst();
         if (row && input.irreversible && options.checkpointer) {
@@ -135,7 +138,7 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
 
   /** Runs the effect for an intent this worker holds, and records how it ended. */
   async function execute<T>(input: RunOnceInput<T>, ref: Ref, attempt: number): Promise<RunOnceResult<T>> {
-    options.hooks?.afterIntent?.();
+    await options.hooks?.afterIntent?.();
     let result: T;
     try {
       result = await input.effect({ ...ref, attempt });
@@ -151,9 +154,10 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
       log.warn({ task_id: input.taskId, receipt_id: ref.receiptId, err: message }, 'effect failed');
       return { ...ref, status: 'failed', error: message };
     }
-    options.hooks?.afterEffect?.();
-    // Recording a success is never fenced: the effect happened, and saying so is always right.
-    await db
+    await options.hooks?.afterEffect?.();
+    // Recording a success is never fenced: the effect happened, and saying so is always
+    // right, unless someone already acted on the belief that it might not have (below).
+    const recorded = await db
       .updateTable('tool_receipt')
       .set({
         status: 'succeeded',
@@ -166,8 +170,75 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
       .where('receipt_id', '=', ref.receiptId)
       .where('attempt', '=', attempt)
       .where('status', 'in', ['started', 'uncertain'])
-      .execute();
-    return { ...ref, status: 'succeeded', result, ran: true };
+      .returning('receipt_id')
+      .executeTakeFirst();
+    if (recorded) return { ...ref, status: 'succeeded', result, ran: true };
+    return lateSuccess(input, ref, attempt);
+  }
+
+  /**
+   * This worker's effect ran, but the receipt moved on while it did (its lease lapsed: it was
+   * slow, not dead). If another worker is compensating, or has compensated, the world now
+   * holds both the effect and its undoing in an order nobody knows: only a human can tell,
+   * so the receipt is gated with the conflict named. Otherwise what is recorded stands.
+   */
+  async function lateSuccess<T>(
+    input: RunOnceInput<T>,
+    ref: Ref,
+    attempt: number,
+  ): Promise<RunOnceResult<T>> {
+    const conflict = await db
+      .updateTable('tool_receipt')
+      .set({
+        status: 'gated',
+        resolution:
+          `conflict: attempt ${attempt} of ${input.tool} at ${input.step} reported success after the receipt ` +
+          'was taken for compensation; check what the world holds and resolve the gate',
+      })
+      .where('receipt_id', '=', ref.receiptId)
+      .where('status', 'in', ['compensating', 'compensated'])
+      .returning('receipt_id')
+      .executeTakeFirst();
+    if (conflict) {
+      log.error(
+        { task_id: input.taskId, receipt_id: ref.receiptId, attempt },
+        'effect succeeded after its compensation started; receipt gated for a human',
+      );
+      return { ...ref, status: 'gated' };
+    }
+    const now = await load(ref.idempotencyKey, input.taskId);
+    log.warn(
+      { task_id: input.taskId, receipt_id: ref.receiptId, attempt, status: now?.status },
+      'effect succeeded but the receipt had moved on; its record stands',
+    );
+    return settled(
+      input,
+      now ?? { receipt_id: ref.receiptId, idempotency_key: ref.idempotencyKey, status: 'gated' },
+    );
+  }
+
+  /** What a caller is told about a receipt another worker moved. */
+  function settled<T>(
+    input: RunOnceInput<T>,
+    row: Pick<ReceiptRow, 'receipt_id' | 'idempotency_key' | 'status'> & Partial<ReceiptRow>,
+  ): RunOnceResult<T> {
+    const ref = { receiptId: row.receipt_id, idempotencyKey: row.idempotency_key };
+    switch (row.status) {
+      case 'succeeded':
+        return { ...ref, status: 'succeeded', result: row.result as T, ran: false };
+      case 'compensated':
+        return {
+          ...ref,
+          status: 'compensated',
+          compensationReceiptId: row.resolution?.split(' ').pop() ?? '',
+        };
+      case 'failed':
+        return { ...ref, status: 'failed', error: row.error ?? 'failed' };
+      case 'gated':
+        return { ...ref, status: 'gated' };
+      default:
+        return { ...ref, status: 'in_progress', worker: row.worker ?? '' };
+    }
   }
 
   const reclaim = (receiptId: string, from: ReceiptStatus, worker: string, lease?: Lease) =>
@@ -189,43 +260,7 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
       if (attempt === undefined) return store.runOnce(input); // someone else moved it: look again
       return execute(input, ref, attempt);
     }
-    if (input.onUncertain === 'compensate') {
-      const compensation = await store.runOnce({
-        taskId: input.taskId,
-        step: `${input.step}/compensate`,
-        tool: `${input.tool}.compensate`,
-        args: { receipt_id: row.receipt_id },
-        effect: (ctx) => input.compensate!({ ...ctx, idempotencyKey: row.idempotency_key }),
-        onUncertain: 'gate',
-        ...(input.lease ? { lease: input.lease } : {}),
-        ...(input.gate ? { gate: input.gate } : {}),
-      });
-      if (compensation.status === 'gated') {
-        // The compensation itself became uncertain: only a human can tell what happened.
-        await db
-          .updateTable('tool_receipt')
-          .set({
-            status: 'gated',
-            resolution: `compensation ${compensation.receiptId} is uncertain; waiting for a human decision`,
-          })
-          .where('receipt_id', '=', row.receipt_id)
-          .where('status', '=', 'uncertain')
-          .execute();
-        return { ...ref, status: 'gated' };
-      }
-      if (compensation.status !== 'succeeded') return compensation as RunOnceResult<T>;
-      await db
-        .updateTable('tool_receipt')
-        .set({
-          status: 'compensated',
-          resolution: `compensated by ${compensation.receiptId}`,
-          finished_at: sql<Date>`now()`,
-        })
-        .where('receipt_id', '=', row.receipt_id)
-        .where('status', '=', 'uncertain')
-        .execute();
-      return { ...ref, status: 'compensated', compensationReceiptId: compensation.receiptId };
-    }
+    if (input.onUncertain === 'compensate') return compensateFrom(input, row, worker);
     // gate: wait for a human. The receipt says so, and so does the task's audit log.
     const gated = await db
       .updateTable('tool_receipt')
@@ -234,7 +269,8 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
       .where('status', '=', 'uncertain')
       .returning('receipt_id')
       .executeTakeFirst();
-    if (gated && input.gate) {
+    if (!gated) return store.runOnce(input); // someone else moved it: look again
+    if (input.gate) {
       const task = await input.gate.store.get(input.taskId);
       if (task) {
         await input.gate.store.update({
@@ -243,9 +279,79 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
           patch: {},
           actor: input.gate.actor,
           reason: `human decision required: receipt ${row.receipt_id} (${input.tool} at ${input.step}) is uncertain after its worker died`,
+          ...(input.gate.fence ? { fence: input.gate.fence } : {}),
         });
       }
     }
+    return { ...ref, status: 'gated' };
+  }
+
+  /**
+   * Undoes an uncertain effect. Each step is a claimed transition (checked by its row count):
+   * uncertain -> compensating (only one worker compensates), then the compensation under a
+   * receipt of its own, then compensating -> compensated, or -> gated when the compensation
+   * itself became uncertain. A receipt found compensating (its compensator died or is slow)
+   * continues from its compensation's own receipt, which never runs twice.
+   */
+  async function compensateFrom<T>(
+    input: RunOnceInput<T>,
+    row: ReceiptRow,
+    worker: string,
+  ): Promise<RunOnceResult<T>> {
+    const ref = { receiptId: row.receipt_id, idempotencyKey: row.idempotency_key };
+    if (row.status === 'uncertain') {
+      const claimed = await db
+        .updateTable('tool_receipt')
+        .set({ status: 'compensating', worker, resolution: `compensating (${worker})` })
+        .where('receipt_id', '=', row.receipt_id)
+        .where('status', '=', 'uncertain')
+        .returning('receipt_id')
+        .executeTakeFirst();
+      if (!claimed) return store.runOnce(input); // someone else moved it: look again
+      await options.hooks?.afterCompensationClaim?.();
+    }
+    const compensation = await store.runOnce({
+      taskId: input.taskId,
+      step: `${input.step}/compensate`,
+      tool: `${input.tool}.compensate`,
+      args: { receipt_id: row.receipt_id },
+      effect: (ctx) => input.compensate!({ ...ctx, idempotencyKey: row.idempotency_key }),
+      onUncertain: 'gate',
+      ...(input.lease ? { lease: input.lease } : {}),
+      ...(input.gate ? { gate: input.gate } : {}),
+    });
+    if (compensation.status === 'in_progress')
+      return { ...ref, status: 'in_progress', worker: compensation.worker };
+    const outcome =
+      compensation.status === 'succeeded'
+        ? {
+            status: 'compensated' as const,
+            resolution: `compensated by ${compensation.receiptId}`,
+            finished_at: sql<Date>`now()`,
+          }
+        : compensation.status === 'failed'
+          ? { status: 'uncertain' as const, resolution: `compensation failed: ${compensation.error}` }
+          : {
+              // The compensation itself became uncertain: only a human can tell what happened.
+              status: 'gated' as const,
+              resolution: `compensation ${compensation.receiptId} is uncertain; waiting for a human decision`,
+            };
+    const moved = await db
+      .updateTable('tool_receipt')
+      .set(outcome)
+      .where('receipt_id', '=', row.receipt_id)
+      .where('status', '=', 'compensating')
+      .returning('receipt_id')
+      .executeTakeFirst();
+    if (!moved) {
+      // The original worker reported success meanwhile: the receipt is gated with that conflict.
+      const now = await load(row.idempotency_key, input.taskId);
+      return settled(input, now ?? { ...row, status: 'gated' });
+    }
+    if (outcome.status === 'compensated') {
+      return { ...ref, status: 'compensated', compensationReceiptId: compensation.receiptId };
+    }
+    if (outcome.status === 'uncertain') return compensation as RunOnceResult<T>;
     return { ...ref, status: 'gated' };
   }
 
@@ -270,7 +376,7 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
       for (let round = 0; round < 5; round++) {
         const created = await insertIntent(input, key, worker);
         if (created) return execute(input, { receiptId: created, idempotencyKey: key }, 1);
-        const row = await load(key);
+        const row = await load(key, input.taskId);
         if (!row) continue; // deleted between insert and read (retention): try again
         const ref = { receiptId: row.receipt_id, idempotencyKey: key };
         switch (row.status) {
@@ -304,12 +410,16 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
           }
           case 'uncertain':
             return resolveUncertain(input, row, worker);
+          case 'compensating':
+            return input.onUncertain === 'compensate'
+              ? compensateFrom(input, row, worker)
+              : { ...ref, status: 'in_progress', worker: row.worker };
         }
       }
       throw new NotFoundError('settled receipt after 5 rounds for key', key);
     },
 
-    byKey: load,
+    byKey: (key) => load(key),
 
     async reconcile(taskId, opts) {
       const out: Array<{ receiptId: string; tool: string; step: string; action: ReconcileAction }> = [];
@@ -334,6 +444,10 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
               .execute();
           }
           const compensate = opts.compensators?.[r.tool];
+          if (r.status === 'compensating' && !compensate) {
+            out.push({ ...entry, action: 'in_progress' });
+            continue;
+          }
           const settled = await resolveUncertain(
             {
               taskId,
@@ -347,7 +461,7 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
               ...(compensate ? { compensate } : {}),
               ...(opts.gate ? { gate: opts.gate } : {}),
             },
-            { ...r, status: 'uncertain' },
+            { ...r, status: r.status === 'compensating' ? 'compensating' : 'uncertain' },
             options.worker ?? `${hostname()}:${process.pid}`,
           );
           out.push({ ...entry, action: settled.status === 'compensated' ? 'compensated' : 'gated' });

@@ -3,6 +3,7 @@ import type { TenantKeys } from '../crypto/tenantKeys.js';
 import type { Db } from '../db/database.js';
 import type { ReceiptStatus } from '../db/types.js';
 import type { Lease } from '../leases/leases.js';
+import type { Fence } from '../leases/sql/fenceCheck.js';
 import type { Logger } from '../logger.js';
 import type { TaskStore } from '../state/taskStore.js';
 
@@ -31,9 +32,17 @@ export interface RunOnceInput<T> {
   /** The lease the work runs under: the intent is refused (LeaseLostError) unless it is current. */
   lease?: Lease;
   /** For `gate`: record the wait for a human in TaskState and its audit log. */
-  gate?: { store: TaskStore; actor: string };
+  gate?: GateRecord;
   /** Keep only a sha256 digest of the result, not the result itself. */
   digestOnly?: boolean;
+}
+
+/** Where a gate is recorded: the task's audit log, under the caller's lease when it has one. */
+export interface GateRecord {
+  store: TaskStore;
+  actor: string;
+  /** The lease the caller holds: the audit write is refused unless it is still current. */
+  fence?: Fence;
 }
 
 export interface Ref {
@@ -78,13 +87,13 @@ export interface ReceiptStore {
     taskId: string,
     opts: {
       compensators?: Record<string, (ctx: EffectContext) => Promise<unknown>>;
-      gate?: { store: TaskStore; actor: string };
+      gate?: GateRecord;
     },
   ): Promise<Array<{ receiptId: string; tool: string; step: string; action: ReconcileAction }>>;
   /** A human's decision on a gated receipt: what really happened outside. */
   resolveGate(
     receiptId: string,
-    decision: { outcome: 'succeeded' | 'failed'; actor: string; reason: string },
+    decision: { outcome: 'succeeded' | 'failed' | 'compensated'; actor: string; reason: string },
   ): Promise<void>;
 }
 
@@ -101,6 +110,11 @@ export interface ReceiptStoreOptions {
   checkpointer?: Checkpointer;
   /** Tenant data keys: results are then stored encrypted (AES-256-GCM), the key id beside them. */
   keys?: TenantKeys;
-  /** Crash tests: named points where a worker can be killed. */
-  hooks?: { afterIntent?(): void; afterEffect?(): void };
+  /** Crash and interleaving tests: named points where a worker can be killed or paused. */
+  hooks?: {
+    afterIntent?(): void | Promise<void>;
+    afterEffect?(): void | Promise<void>;
+    /** After a receipt was claimed for compensation, before the compensation runs. */
+    afterCompensationClaim?(): void | Promise<void>;
+  };
 }
