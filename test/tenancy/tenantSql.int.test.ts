@@ -229,18 +229,16 @@ describe("a tenant's own SQL on its own connection", () => {
   it("cannot speak as another tenant through headers, nor stamp another tenant's task on a message", async () => {
     const outbox = createOutbox();
     await expect(
-      asA
-        .transaction()
-        .execute((trx) =>
-          outbox.enqueue(trx, [
-            {
-              topic: 'x',
-              key: 'k',
-              payload: {},
-              headers: { 'cairn-tenant': 'tenant-b', 'Cairn-Task-Version': '99' },
-            },
-          ]),
-        ),
+      asA.transaction().execute((trx) =>
+        outbox.enqueue(trx, [
+          {
+            topic: 'x',
+            key: 'k',
+            payload: {},
+            headers: { 'cairn-tenant': 'tenant-b', 'Cairn-Task-Version': '99' },
+          },
+        ]),
+      ),
     ).rejects.toThrow(/headers.cairn-tenant: is reserved.*headers.Cairn-Task-Version: is reserved/);
     await expect(
       sql`INSERT INTO outbox (lane, message_id, topic, key, headers, payload)
