@@ -42,9 +42,22 @@ export interface StoredCheckpoint {
   checkpoint: Checkpoint;
   seq: number;
   digest: string;
+  /**
+   * The row is stored as oaies.checkpoint.v1 (its schema_version column) and was upcast when
+   * read. Never taken from the document (its free-text reason says anything its writer liked).
+   */
+  legacy: boolean;
 }
 
-export type Verification = { ok: true; state: TaskState } | { ok: false; reason: string };
+/**
+ * `unavailable`: the checkpoint could not be checked because a dependency is down (a key,
+ * the key provider, the database): an outage, not corruption; nothing may be concluded.
+ * `signatureChecked`: false when no key ring was configured (then only digests and chain
+ * were checked, which anyone who can write the table can recompute).
+ */
+export type Verification =
+  | { ok: true; state: TaskState; signatureChecked: boolean }
+  | { ok: false; reason: string; unavailable?: boolean };
 
 export interface Checkpointer {
   /** Takes a checkpoint inside `trx`, the transaction of the change that crossed the boundary. */
@@ -66,6 +79,12 @@ export interface CheckpointerOptions {
   keys?: TenantKeys;
   /** Field classes of the snapshot; without keys, a snapshot holding confidential fields is refused. */
   classification?: Classification;
+  /**
+   * With a key ring, unsigned and v1 (legacy) checkpoints are refused, since anyone with
+   * INSERT on the table can write one; set this to accept legacy rows written before signing
+   * was configured. Without a key ring nothing is signed and this changes nothing.
+   */
+  allowLegacyCheckpoints?: boolean;
   /** Crash tests: a named point after the checkpoint rows are written, before the transaction commits. */
   hooks?: { afterInsert?(): void };
 }
@@ -223,20 +242,34 @@ export function createCheckpointer(options: CheckpointerOptions): Checkpointer {
           );
           if (bytes) budget = readSnapshot(bytes, taskId)?.budget;
         }
-        out.push({ checkpoint: parseDoc(row, budget), seq: row.seq, digest: row.digest });
+        out.push({
+          checkpoint: parseDoc(row, budget),
+          seq: row.seq,
+          digest: row.digest,
+          legacy: row.schema_version === CHECKPOINT_V1,
+        });
       }
       return out;
     },
 
     async verify(stored, previous) {
       const cp = stored.checkpoint;
+      const ring = options.keyRing;
+      if (ring && !options.allowLegacyCheckpoints && (stored.legacy || !cp.integrity.signature)) {
+        return {
+          ok: false,
+          reason: `${stored.legacy ? 'legacy (v1) checkpoint' : 'checkpoint is not signed'} but a key ring is configured; refused (allowLegacyCheckpoints accepts rows written before signing)`,
+        };
+      }
       let bytes: Buffer | undefined;
       try {
         bytes = await snapshotBytes(cp.state_snapshot_uri, cp.task_id);
       } catch (err) {
+        const unavailable = isOutage(err);
         return {
           ok: false,
-          reason: `snapshot ${cp.state_snapshot_uri} cannot be read: ${(err as Error).message}`,
+          unavailable,
+          reason: `snapshot ${cp.state_snapshot_uri} cannot be read${unavailable ? ' now (an outage, not corruption)' : ''}: ${(err as Error).message}`,
         };
       }
       if (!bytes) return { ok: false, reason: `snapshot ${cp.state_snapshot_uri} is missing` };
@@ -247,8 +280,11 @@ export function createCheckpointer(options: CheckpointerOptions): Checkpointer {
           reason: `snapshot digest mismatch: recorded ${cp.integrity.snapshot_digest}, computed ${actual}`,
         };
       }
-      if (cp.schema_version === CHECKPOINT_V2 && cp.reason !== 'upcast from oaies.checkpoint.v1') {
-        const sig = verifySignature(cp, options.keyRing);
+      if (!stored.legacy) {
+        const sig =
+          cp.integrity.signature || !options.allowLegacyCheckpoints
+            ? verifySignature(cp, ring)
+            : { ok: true as const };
         if (!sig.ok) return sig;
         if (sha256(signedBytes(cp)) !== stored.digest)
           return { ok: false, reason: 'checkpoint document does not match its recorded digest' };
@@ -267,9 +303,26 @@ export function createCheckpointer(options: CheckpointerOptions): Checkpointer {
           reason: `snapshot holds version ${state.version}, the checkpoint says ${cp.state_version}`,
         };
       }
-      return { ok: true, state };
+      return {
+        ok: true,
+        state,
+        signatureChecked: ring !== undefined && !stored.legacy && !!cp.integrity.signature,
+      };
     },
   };
+}
+
+/** Codes of errors that mean "a key or its provider is not there now", not "the data is wrong". */
+const OUTAGE_CODES = new Set(['key_missing', 'keyring_unreadable', 'unavailable']);
+
+/**
+ * An outage is never taken for corruption: an error of Cairn's that says the data is wrong
+ * (authentication failed, another tenant's key) is corruption; one that says a key or a
+ * dependency is missing, or any error from outside Cairn (a KMS call, the network), is not.
+ */
+export function isOutage(err: unknown): boolean {
+  if (!(err instanceof CairnError)) return true;
+  return err.retriable || OUTAGE_CODES.has(err.code);
 }
 
 function readSnapshot(bytes: Buffer, taskId: string): TaskState | undefined {

@@ -1,19 +1,30 @@
+import { z } from 'zod';
 import { canonicalBytes, sha256 } from '../canonical.js';
 import type { Checkpointer, StoredCheckpoint } from '../checkpoints/checkpoints.js';
 import type { Db } from '../db/database.js';
-import { CairnError, LeaseHeldError, NotFoundError } from '../errors.js';
+import { CairnError, LeaseHeldError, NotFoundError, UnavailableError, ValidationError } from '../errors.js';
 import type { Lease, LeaseManager } from '../leases/leases.js';
 import type { EffectContext, ReceiptStore, ReconcileAction } from '../receipts/receipts.js';
 import type { TaskState } from '../schemas/taskState.js';
+import { zodIssues } from '../schemas/zodIssues.js';
 import type { TaskStore } from '../state/taskStore.js';
 import { isTerminal } from '../state/transitions.js';
 
 /** What the current policy says, read fresh at every resume: never taken from a checkpoint. */
-export interface Policy {
-  version: string;
-  allowed: boolean;
+export const Policy = z.strictObject({
+  version: z.string().min(1),
+  /** A JSON boolean: the string "false" is refused, never read as true. */
+  allowed: z.boolean(),
   /** The most this task may have committed, in USD. */
-  budgetLimitUsd: number;
+  budgetLimitUsd: z.number().finite().nonnegative(),
+});
+export type Policy = z.infer<typeof Policy>;
+
+/** Validates a policy (from a file, a service, a caller) naming the bad field. */
+export function parsePolicy(input: unknown, what = 'resume policy'): Policy {
+  const r = Policy.safeParse(input);
+  if (!r.success) throw new ValidationError(what, zodIssues(r.error, input));
+  return r.data;
 }
 
 export interface ResumeOptions {
@@ -54,18 +65,48 @@ export function workflowDigestOf(definition: unknown): string {
 }
 
 /**
- * Resumes a task after its worker died: verify the newest checkpoint (falling back to older
- * ones, audited), check the workflow definition, re-authorize against the current policy and
- * re-reserve budget under it, settle side effects from receipts, reacquire the lease, and
- * report where the pending messages are. The task continues from its last committed
- * transition; the checkpoint is what that transition is verified against.
+ * Resumes a task after its worker died: take the task's lease first (nothing is written to
+ * the task before, and every write after carries it as a fence, so a live or slow worker's
+ * task is never changed under it), verify the newest checkpoint (falling back to older ones,
+ * audited), check the workflow definition, re-authorize against the current policy and
+ * re-reserve budget under it, settle side effects from receipts, and report where the
+ * pending messages are. A checkpoint that cannot be read because a key or its provider is
+ * unavailable stops the resume (UnavailableError, lease released, nothing written): an outage
+ * is never taken for corruption. On any error the lease is released.
  */
 export async function resume(taskId: string, o: ResumeOptions): Promise<ResumePlan> {
-  let state = await o.store.get(taskId);
-  if (!state) throw new NotFoundError('task', taskId);
+  const first = await o.store.get(taskId);
+  if (!first) throw new NotFoundError('task', taskId);
+  if (isTerminal(first.status)) {
+    return { taskId, outcome: 'terminal', skipped: [], receipts: [], pendingMessages: [], state: first };
+  }
+  const got = await o.leases.acquire({
+    taskId,
+    branch: o.branch ?? 'main',
+    agentId: o.agentId,
+    ttlSeconds: o.leaseTtlSeconds ?? 30,
+  });
+  if (!got.ok)
+    throw new LeaseHeldError(got.holder, got.expiresAt, `task ${taskId} (a live worker still runs it)`);
+  const { ok: _ok, ...lease } = got;
+  try {
+    return await resumeHolding(taskId, o, lease);
+  } catch (err) {
+    await o.leases.release(lease).catch(() => {});
+    throw err;
+  }
+}
+
+async function resumeHolding(taskId: string, o: ResumeOptions, lease: Lease): Promise<ResumePlan> {
+  // Read again under the lease: the worker that held it may have written until it let go.
+  let state = (await o.store.get(taskId))!;
   if (isTerminal(state.status)) {
+    await o.leases.release(lease);
     return { taskId, outcome: 'terminal', skipped: [], receipts: [], pendingMessages: [], state };
   }
+
+  // Read (and validate) the current policy before anything is written.
+  const policy = parsePolicy(await o.policy());
 
   // 1. The newest checkpoint that verifies.
   const all = await o.checkpoints.list(taskId);
@@ -77,15 +118,22 @@ export async function resume(taskId: string, o: ResumeOptions): Promise<ResumePl
       chosen = all[i];
       break;
     }
+    if (v.unavailable) {
+      throw new UnavailableError(
+        `task ${taskId}: checkpoint ${all[i]!.checkpoint.checkpoint_id} cannot be checked now (${v.reason}); ` +
+          'resume stopped and wrote nothing: restore the key or its provider and run it again',
+      );
+    }
     skipped.push({ checkpointId: all[i]!.checkpoint.checkpoint_id, reason: v.reason });
   }
   const audit = async (patch: object, reason: string) => {
     const r = await o.store.update({
       taskId,
-      expectedVersion: state!.version,
+      expectedVersion: state.version,
       patch,
       actor: o.actor,
       reason,
+      fence: lease,
     });
     if (!r.ok) throw r.error;
     state = r.state;
@@ -98,6 +146,7 @@ export async function resume(taskId: string, o: ResumeOptions): Promise<ResumePl
       { status: 'failed' },
       `resume: no valid checkpoint (${all.length === 0 ? 'none taken' : `${all.length} failed verification`}); task failed`,
     );
+    await o.leases.release(lease);
     return { taskId, outcome: 'failed', skipped, receipts: [], pendingMessages: [], state };
   }
   const cp = chosen.checkpoint;
@@ -117,7 +166,6 @@ export async function resume(taskId: string, o: ResumeOptions): Promise<ResumePl
   }
 
   // 3. Re-authorize: current policy, budget re-reserved under its limit (never restored from the checkpoint).
-  const policy = await o.policy();
   if (!policy.allowed) {
     throw new CairnError(
       'not_authorized',
@@ -136,23 +184,14 @@ export async function resume(taskId: string, o: ResumeOptions): Promise<ResumePl
     );
   }
 
-  // 4. Side effects, from receipts.
+  // 4. Side effects, from receipts (a gate is written to the audit log under the lease).
   const receipts = await o.receipts.reconcile(taskId, {
     ...(o.compensators ? { compensators: o.compensators } : {}),
-    gate: { store: o.store, actor: o.actor },
+    gate: { store: o.store, actor: o.actor, fence: lease },
   });
   state = (await o.store.get(taskId))!;
 
-  // 5. The lease, then where the pending messages are (same ids: inboxes drop any already applied).
-  const got = await o.leases.acquire({
-    taskId,
-    branch: o.branch ?? 'main',
-    agentId: o.agentId,
-    ttlSeconds: o.leaseTtlSeconds ?? 30,
-  });
-  if (!got.ok)
-    throw new LeaseHeldError(got.holder, got.expiresAt, `task ${taskId} (a live worker still runs it)`);
-  const { ok: _ok, ...lease } = got;
+  // 5. Where the pending messages are (same ids: inboxes drop any already applied).
   const wanted = cp.pending_work.flatMap((p) => (p.message_id ? [p.message_id] : []));
   const queued = new Set(
     wanted.length === 0

@@ -94,11 +94,16 @@ describe('outbox enqueue', () => {
     });
     expect(ok.ok && ok.messageIds.length).toBe(1);
     const row = await tdb.db.selectFrom('outbox').selectAll().executeTakeFirstOrThrow();
-    expect(row).toMatchObject({ topic, key: 'ob-1', tenant_id: 'acme' });
-    expect(row.headers).toMatchObject({
-      'cairn-task-version': '2',
-      traceparent: `00-${'a'.repeat(32)}-${'b'.repeat(16)}-01`,
+    // Cairn's own headers are columns (the relay builds them); only the caller's are stored.
+    expect(row).toMatchObject({
+      topic,
+      key: 'ob-1',
+      tenant_id: 'acme',
+      task_id: 'ob-1',
+      task_version: 2,
+      task_seq: 0,
     });
+    expect(row.headers).toEqual({ traceparent: `00-${'a'.repeat(32)}-${'b'.repeat(16)}-01` });
 
     const stale = await store.update({
       taskId: 'ob-1',
