@@ -1,8 +1,9 @@
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { closeSync, fstatSync, openSync, readFileSync } from 'node:fs';
 import { z } from 'zod';
 import { CairnError, ValidationError } from '../errors.js';
 import { zodIssues } from '../schemas/zodIssues.js';
+import { assertOwnerOnly, replaceKeyringFile } from './keyringFile.js';
 
 /**
  * Key-encryption keys (KEKs): they wrap and unwrap tenants' data keys and never leave the
@@ -63,15 +64,21 @@ const Keyring = z
   .strict()
   .refine((k) => k.current in k.keys, { message: 'names a key that is not in keys', path: ['current'] });
 
-/**
- * KEKs from a local JSON file: `{"version":1,"current":"kek-1","keys":{"kek-1":"<32 bytes base64>"}}`.
- * For development and single-host deployments; keep the file out of the database's backups.
- */
-export function localKeyring(path: string): KeyProvider {
+type KeyringData = z.infer<typeof Keyring>;
+
+/** Reads and validates a keyring file; refuses one that group or others may read. */
+function readKeyring(path: string): KeyringData {
   let text: string;
   try {
-    text = readFileSync(path, 'utf8');
+    const fd = openSync(path, 'r');
+    try {
+      assertOwnerOnly(path, fstatSync(fd).mode);
+      text = readFileSync(fd, 'utf8');
+    } finally {
+      closeSync(fd);
+    }
   } catch (err) {
+    if (err instanceof CairnError) throw err;
     throw new CairnError(
       'keyring_unreadable',
       `keyring file ${path} cannot be read (${(err as NodeJS.ErrnoException).code ?? (err as Error).message}); create one with \`cairn keys init --file ${path}\``,
@@ -92,7 +99,17 @@ export function localKeyring(path: string): KeyProvider {
     const issues = zodIssues(parsed.error, json).map(({ value: _v, ...i }) => i);
     throw new ValidationError(`keyring file ${path}`, issues);
   }
-  const keys = new Map(Object.entries(parsed.data.keys).map(([id, b64]) => [id, Buffer.from(b64, 'base64')]));
+  return parsed.data;
+}
+
+/**
+ * KEKs from a local JSON file: `{"version":1,"current":"kek-1","keys":{"kek-1":"<32 bytes base64>"}}`.
+ * For development and single-host deployments; keep the file out of the database's backups.
+ * The file must be mode 600 (or narrower).
+ */
+export function localKeyring(path: string): KeyProvider {
+  const data = readKeyring(path);
+  const keys = new Map(Object.entries(data.keys).map(([id, b64]) => [id, Buffer.from(b64, 'base64')]));
   const kek = (id: string) => {
     const k = keys.get(id);
     if (!k) {
@@ -104,26 +121,35 @@ export function localKeyring(path: string): KeyProvider {
     return k;
   };
   return {
-    currentKekId: async () => parsed.data.current,
+    currentKekId: async () => data.current,
     wrap: async (id, dataKey, context) => seal(kek(id), dataKey, `kek:${id}:${context}`),
     unwrap: async (id, wrapped, context) =>
       open(kek(id), wrapped, `kek:${id}:${context}`, `data key ${context}`),
   };
 }
 
-/** Writes a keyring with a fresh KEK (`rotate`: keeps the old ones and makes the new one current). */
+/**
+ * Writes a keyring with a fresh KEK (`rotate`: keeps every old one and makes the new one
+ * current). Old KEKs are never dropped: data keys stay wrapped under them until a rewrap,
+ * and nothing here can tell whether that rewrap has run.
+ */
 export function writeKeyring(path: string, opts: { rotate?: boolean } = {}): string {
-  let current: z.infer<typeof Keyring> | undefined;
-  if (opts.rotate) {
-    localKeyring(path); // validates, with the same errors
-    current = JSON.parse(readFileSync(path, 'utf8'));
-  }
-  const id = `kek-${new Date().toISOString().replace(/[-:]/g, '').slice(0, 15)}-${randomBytes(3).toString('hex')}`;
-  const next = {
-    version: 1 as const,
-    current: id,
-    keys: { ...(current?.keys ?? {}), [id]: randomBytes(32).toString('base64') },
-  };
-  writeFileSync(path, `${JSON.stringify(next, null, 2)}\n`, { mode: 0o600, flag: opts.rotate ? 'w' : 'wx' });
+  let id = '';
+  replaceKeyringFile(
+    path,
+    () => {
+      const previous = opts.rotate ? readKeyring(path).keys : {};
+      do {
+        id = `kek-${new Date().toISOString().replace(/[-:]/g, '').slice(0, 15)}-${randomBytes(3).toString('hex')}`;
+      } while (id in previous); // a new id must never overwrite an old key
+      const next: KeyringData = {
+        version: 1,
+        current: id,
+        keys: { ...previous, [id]: randomBytes(32).toString('base64') },
+      };
+      return `${JSON.stringify(next, null, 2)}\n`;
+    },
+    { create: !opts.rotate },
+  );
   return id;
 }

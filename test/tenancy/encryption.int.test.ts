@@ -201,7 +201,7 @@ describe('encryption at rest (AES-256-GCM, per-tenant data keys)', () => {
       /absent.json cannot be read \(ENOENT\).*cairn keys init/,
     );
     const bad = join(dir, 'bad.json');
-    writeFileSync(bad, '{"version":1,"current":"k1","keys":{"k1":"c2hvcnQ="}}');
+    writeFileSync(bad, '{"version":1,"current":"k1","keys":{"k1":"c2hvcnQ="}}', { mode: 0o600 });
     expect(() => localKeyring(bad)).toThrow(/keys.k1: must be 32 bytes, base64/);
     expect(() => localKeyring(bad)).not.toThrow(/c2hvcnQ/); // key material is never echoed
     writeFileSync(bad, '{not json');
