@@ -3,11 +3,11 @@
  *
  * The chaos soak: two relays, two of every agent and two observer consumer groups run the
  * demo workflow while new tasks arrive; at random (from the seed) it SIGKILLs agents, relays
- * and consumers, freezes agents past their leases, restarts the broker, ends Postgres
- * sessions, re-sends published messages and lets stale writers race. After a settle phase an
- * independent checker reads Postgres, the topics and the effect sink. Prints the faults and
- * the checks; the last line is `{"chaos":true,"faults":…,"violations":…,"tasks":…}`; exit 1
- * on any violation.
+ * and consumers, freezes each kind (SIGSTOP) past its lease or Kafka session, restarts the
+ * broker, ends Postgres sessions, re-sends published messages and lets stale writers race.
+ * After a settle phase an independent checker reads Postgres, the topics and the effect
+ * sink. Prints the faults and the checks; the last line is
+ * `{"chaos":true,"faults":…,"violations":…,"tasks":…,"by_kind":{…}}`; exit 1 on any violation.
  */
 import { parseArgs } from 'node:util';
 import { runSoak } from './chaos/soak.js';

@@ -4,7 +4,8 @@
  * applies (key, task version, message id) in a sequence: per-key order and exactly-once
  * application at this consumer group are then read back from Postgres.
  *
- * Environment: DATABASE_URL, KAFKA_BROKERS, CHAOS_GROUP, CHAOS_TOPIC.
+ * Environment: DATABASE_URL, KAFKA_BROKERS, CHAOS_GROUP, CHAOS_TOPIC, CHAOS_SESSION_TIMEOUT_MS
+ * (default 3000: the soak freezes an observer past it).
  */
 import { sql } from 'kysely';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
@@ -31,7 +32,7 @@ const consumer = createInboxConsumer({
     brokers,
     groupId,
     topics: [topic],
-    sessionTimeoutMs: 3000,
+    sessionTimeoutMs: Number(process.env.CHAOS_SESSION_TIMEOUT_MS ?? 3000),
     onRestart: countConsumerRestarts(db, logger),
   }),
   dlqPublisher: createKafkaPublisher({ brokers }),

@@ -37,6 +37,8 @@ export type FaultKind =
   | 'relay_kill'
   | 'consumer_kill'
   | 'agent_pause'
+  | 'relay_pause'
+  | 'consumer_pause'
   | 'duplicate_delivery'
   | 'pg_terminate'
   | 'broker_restart'
@@ -59,12 +61,18 @@ export interface SoakResult {
 
 const STAGES = ['planning', 'implementing', 'reviewing', 'testing'];
 const LEASE_TTL_MS = 2000;
+/** The observers' Kafka session: a consumer frozen past it is dropped from its group. */
+const SESSION_TIMEOUT_MS = 3000;
+/** How far past a lease or session a frozen process stays frozen (a long GC pause, a stalled VM). */
+const PAST_MS = 1500;
 // A fault is drawn with these weights (the broker restarts at most every brokerRestartEveryS).
 const WEIGHTS: Array<[FaultKind, number]> = [
   ['agent_kill', 4],
   ['relay_kill', 2],
   ['consumer_kill', 2],
   ['agent_pause', 2],
+  ['relay_pause', 2],
+  ['consumer_pause', 2],
   ['duplicate_delivery', 3],
   ['pg_terminate', 2],
   ['broker_restart', 1],
@@ -74,7 +82,8 @@ const WEIGHTS: Array<[FaultKind, number]> = [
 /**
  * The chaos soak: the demo workflow with two of every agent, two relays and two observer
  * consumer groups, new tasks arriving for `minutes`, and a fault every `faultEveryMs`; then
- * a settle phase without faults and the independent checker.
+ * a settle phase without faults and the independent checker. Every process kind is both
+ * killed (SIGKILL) and frozen (SIGSTOP past its lease or session, then SIGCONT).
  */
 export async function runSoak(o: SoakOptions): Promise<SoakResult> {
   const { rand, pick } = seeded(o.seed);
@@ -130,7 +139,12 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     ].map(([name, group]) => ({
       name: name!,
       entry: 'scripts/chaos/observer.ts',
-      env: { ...env, CHAOS_GROUP: group!, CHAOS_TOPIC: eventsTopic },
+      env: {
+        ...env,
+        CHAOS_GROUP: group!,
+        CHAOS_TOPIC: eventsTopic,
+        CHAOS_SESSION_TIMEOUT_MS: String(SESSION_TIMEOUT_MS),
+      },
     })),
   ];
   const fleet = createFleet(specs, {
@@ -215,7 +229,13 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
         await fleet.crash(pick(byKind.consumer));
         break;
       case 'agent_pause':
-        await fleet.pause(pick(byKind.agent), LEASE_TTL_MS + 1500);
+        await fleet.pause(pick(byKind.agent), LEASE_TTL_MS + PAST_MS);
+        break;
+      case 'relay_pause': // its lanes expire and move to the other relay; its deletes are fenced off
+        await fleet.pause(pick(byKind.relay), LEASE_TTL_MS + PAST_MS);
+        break;
+      case 'consumer_pause': // its group rebalances without it; it rejoins when it wakes
+        await fleet.pause(pick(byKind.consumer), SESSION_TIMEOUT_MS + PAST_MS);
         break;
       case 'duplicate_delivery':
         injected.duplicates += await faults.duplicates(5);
