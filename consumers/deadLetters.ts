@@ -1,7 +1,28 @@
 import { sql } from 'kysely';
+import { z } from 'zod';
 import type { Db } from '../src/db/database.js';
 import { CairnError, NotFoundError, ValidationError } from '../src/errors.js';
 import type { Publisher } from '../src/kafka/publisher.js';
+import { parseOptions } from '../src/options.js';
+
+/**
+ * Kafka allows nearly any group id and Cairn keeps foreign message ids as given, so this only
+ * refuses what cannot be one pasted from `cairn inbox dlq`: empty, control characters, or
+ * surrounding spaces.
+ */
+const printedId = (max: number, what: string) =>
+  z.string().refine((s) => s.length <= max && s.trim() === s && /^[^\p{Cc}]+$/u.test(s), {
+    message: `must be ${what} as \`cairn inbox dlq\` prints it: 1-${max} characters, no control characters or surrounding spaces`,
+  });
+export const ConsumerGroupId = printedId(255, 'a consumer group id');
+/** The `cairn-message-id` header, or `<topic>:<partition>:<offset>` for a message without one. */
+export const InboxMessageId = printedId(512, 'a message id');
+
+const ReplayInput = z.strictObject({
+  messageId: InboxMessageId,
+  groupId: ConsumerGroupId,
+  tenantId: z.string().optional(),
+});
 
 export interface DeadLetter {
   consumer_group: string;
@@ -16,6 +37,8 @@ export interface DeadLetter {
 }
 
 export async function listDeadLetters(db: Db, groupId?: string): Promise<DeadLetter[]> {
+  if (groupId !== undefined)
+    parseOptions('dead letter filter', z.object({ groupId: ConsumerGroupId }), { groupId });
   let q = db
     .selectFrom('inbox_dlq')
     .select([
@@ -44,8 +67,9 @@ export async function listDeadLetters(db: Db, groupId?: string): Promise<DeadLet
 export async function replayDeadLetter(
   db: Db,
   publisher: Publisher,
-  a: { messageId: string; groupId: string; tenantId?: string },
+  input: { messageId: string; groupId: string; tenantId?: string },
 ): Promise<DeadLetter> {
+  const a = parseOptions('dead letter replay', ReplayInput, input);
   const row = await db.transaction().execute(async (trx) => {
     let q = trx
       .selectFrom('inbox_dlq')

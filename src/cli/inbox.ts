@@ -1,54 +1,79 @@
 import { parseArgs } from 'node:util';
-import { listDeadLetters, replayDeadLetter } from '../../consumers/deadLetters.js';
+import { z } from 'zod';
+import {
+  ConsumerGroupId,
+  InboxMessageId,
+  listDeadLetters,
+  replayDeadLetter,
+} from '../../consumers/deadLetters.js';
 import { pruneInbox } from '../../consumers/sql/pruneInbox.js';
 import { kafkaBrokersFromEnv } from '../env.js';
 import { createKafkaPublisher } from '../kafka/publisher.js';
+import { exitTwoOnBadInput, operatorInput } from './operatorInput.js';
+import { withDb } from './withDb.js';
 
 const usage = `usage:
   cairn inbox dlq [--group G]
   cairn inbox replay <message_id> --group G
   cairn inbox prune [--older-than-hours 168]`;
 
-import { withDb } from './withDb.js';
+// One schema per sub-command, keyed by the flag (or usage) name an operator typed.
+const inputs = {
+  dlq: z.strictObject({ group: ConsumerGroupId.optional() }),
+  replay: z.strictObject({ message_id: InboxMessageId, group: ConsumerGroupId }),
+  prune: z.strictObject({
+    'older-than-hours': z
+      .string()
+      .default('168')
+      .refine((h) => /^\d+(\.\d+)?$/.test(h) && Number(h) > 0, { message: 'must be a positive number' })
+      .transform(Number),
+  }),
+};
 
-export async function inboxCommand(argv: string[]): Promise<number> {
-  const { positionals, values } = parseArgs({
-    args: argv,
-    allowPositionals: true,
-    options: { group: { type: 'string' }, 'older-than-hours': { type: 'string', default: '168' } },
-  });
-  const [sub, arg] = positionals;
-  return withDb(async (db) => {
+export function inboxCommand(argv: string[]): Promise<number> {
+  return exitTwoOnBadInput(async () => {
+    const { positionals, values } = parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: { group: { type: 'string' }, 'older-than-hours': { type: 'string' } },
+    });
+    const [sub, arg, ...extra] = positionals;
     if (sub === 'dlq') {
-      const rows = await listDeadLetters(db, values.group);
-      if (rows.length === 0) console.log('no dead letters');
-      for (const r of rows) {
-        console.log(
-          `${r.consumer_group}\t${r.message_id}\t${r.topic}/${r.partition}@${r.offset}\t${r.attempts} attempts\t` +
-            `${r.replayed_at ? `replayed ${r.replayed_at.toISOString()}` : `dead since ${r.dead_at.toISOString()}`}\t${r.error}`,
-        );
-      }
-      return 0;
-    }
-    if (sub === 'replay' && arg && values.group) {
-      const r = await replayDeadLetter(db, createKafkaPublisher({ brokers: kafkaBrokersFromEnv() }), {
-        messageId: arg,
-        groupId: values.group,
+      const a = operatorInput('inbox dlq', inputs.dlq, { values, extra: positionals.slice(1) });
+      return withDb(async (db) => {
+        const rows = await listDeadLetters(db, a.group);
+        if (rows.length === 0) console.log('no dead letters');
+        for (const r of rows) {
+          console.log(
+            `${r.consumer_group}\t${r.message_id}\t${r.topic}/${r.partition}@${r.offset}\t${r.attempts} attempts\t` +
+              `${r.replayed_at ? `replayed ${r.replayed_at.toISOString()}` : `dead since ${r.dead_at.toISOString()}`}\t${r.error}`,
+          );
+        }
+        return 0;
       });
-      console.log(`replayed ${r.message_id} to ${r.topic} for group ${r.consumer_group}`);
-      return 0;
+    }
+    if (sub === 'replay' && arg !== undefined && values.group !== undefined) {
+      const a = operatorInput('inbox replay', inputs.replay, {
+        values: { ...values, message_id: arg },
+        extra,
+      });
+      return withDb(async (db) => {
+        const r = await replayDeadLetter(db, createKafkaPublisher({ brokers: kafkaBrokersFromEnv() }), {
+          messageId: a.message_id,
+          groupId: a.group,
+        });
+        console.log(`replayed ${r.message_id} to ${r.topic} for group ${r.consumer_group}`);
+        return 0;
+      });
     }
     if (sub === 'prune') {
-      const hours = Number(values['older-than-hours']);
-      if (!Number.isFinite(hours) || hours <= 0) {
-        console.error(
-          `cairn inbox prune: --older-than-hours must be a positive number (got ${values['older-than-hours']})`,
-        );
-        return 2;
-      }
-      const removed = await pruneInbox(db, { olderThanMs: hours * 3600_000 });
-      console.log(`pruned ${removed} inbox row(s) older than ${hours} h`);
-      return 0;
+      const a = operatorInput('inbox prune', inputs.prune, { values, extra: positionals.slice(1) });
+      const hours = a['older-than-hours'];
+      return withDb(async (db) => {
+        const removed = await pruneInbox(db, { olderThanMs: hours * 3600_000 });
+        console.log(`pruned ${removed} inbox row(s) older than ${hours} h`);
+        return 0;
+      });
     }
     console.error(usage);
     return 2;

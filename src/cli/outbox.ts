@@ -1,64 +1,97 @@
 import { parseArgs } from 'node:util';
-import { listParked, releaseKey, skipMessage } from '../outbox/operator.js';
+import { z } from 'zod';
+import { TopicName } from '../outbox/message.js';
+import {
+  listParked,
+  OperatorReason,
+  OutboxKey,
+  OutboxMessageId,
+  releaseKey,
+  skipMessage,
+} from '../outbox/operator.js';
 import { outboxStatus } from '../outbox/status.js';
+import { SpiffeId } from '../schemas/taskState.js';
+import { defaultOperator, exitTwoOnBadInput, operatorInput } from './operatorInput.js';
+import { withDb } from './withDb.js';
 
 const usage = `usage:
   cairn outbox status [--json]
   cairn outbox parked
-  cairn outbox release <key> --topic <topic> --reason "..." [--actor spiffe://...]
+  cairn outbox release <key> --topic <topic> [--tenant T] --reason "..." [--actor spiffe://...]
   cairn outbox skip <message_id> --reason "..." [--actor spiffe://...]`;
 
-import { withDb } from './withDb.js';
+// One schema per sub-command, keyed by the flag (or usage) name an operator typed.
+const audited = { reason: OperatorReason, actor: SpiffeId.default(defaultOperator) };
+const inputs = {
+  status: z.strictObject({ json: z.boolean().optional() }),
+  parked: z.strictObject({}),
+  release: z.strictObject({ key: OutboxKey, topic: TopicName, tenant: z.string().optional(), ...audited }),
+  skip: z.strictObject({ message_id: OutboxMessageId, ...audited }),
+};
 
-export async function outboxCommand(argv: string[]): Promise<number> {
-  const { positionals, values } = parseArgs({
-    args: argv,
-    allowPositionals: true,
-    options: {
-      topic: { type: 'string' },
-      json: { type: 'boolean' },
-      reason: { type: 'string' },
-      actor: { type: 'string', default: `spiffe://cairn.local/operator/${process.env.USER ?? 'unknown'}` },
-    },
-  });
-  const [sub, arg] = positionals;
-  return withDb(async (db) => {
+export function outboxCommand(argv: string[]): Promise<number> {
+  return exitTwoOnBadInput(async () => {
+    const { positionals, values } = parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: {
+        topic: { type: 'string' },
+        tenant: { type: 'string' },
+        json: { type: 'boolean' },
+        reason: { type: 'string' },
+        actor: { type: 'string' },
+      },
+    });
+    const [sub, arg, ...extra] = positionals;
     if (sub === 'status') {
-      const s = await outboxStatus(db);
-      if (values.json) console.log(JSON.stringify(s, null, 2));
-      else {
-        console.log(
-          `backlog ${s.backlog} message(s), oldest ${s.oldest_unpublished_seconds ?? '-'} s; parked keys ${s.parked_keys}; relays seen in the last 30 s ${s.relays_alive}`,
-        );
-        for (const l of s.lanes)
-          console.log(`  ${l.owner}: ${l.lanes} lane(s), fencing tokens ${l.fencing_tokens}`);
-      }
-      return 0;
+      const a = operatorInput('outbox status', inputs.status, { values, extra: positionals.slice(1) });
+      return withDb(async (db) => {
+        const s = await outboxStatus(db);
+        if (a.json) console.log(JSON.stringify(s, null, 2));
+        else {
+          console.log(
+            `backlog ${s.backlog} message(s), oldest ${s.oldest_unpublished_seconds ?? '-'} s; parked keys ${s.parked_keys}; relays seen in the last 30 s ${s.relays_alive}`,
+          );
+          for (const l of s.lanes)
+            console.log(`  ${l.owner}: ${l.lanes} lane(s), fencing tokens ${l.fencing_tokens}`);
+        }
+        return 0;
+      });
     }
     if (sub === 'parked') {
-      const rows = await listParked(db);
-      if (rows.length === 0) console.log('no parked keys');
-      for (const r of rows) {
-        console.log(
-          `${r.topic}\t${r.key}\thead ${r.message_id}\t${r.waiting} waiting\tsince ${r.parked_at.toISOString()}\t${r.error}`,
-        );
-      }
-      return 0;
-    }
-    if (sub === 'release' && arg && values.topic) {
-      await releaseKey(db, {
-        topic: values.topic,
-        key: arg,
-        actor: values.actor!,
-        reason: values.reason ?? '',
+      operatorInput('outbox parked', inputs.parked, { values, extra: positionals.slice(1) });
+      return withDb(async (db) => {
+        const rows = await listParked(db);
+        if (rows.length === 0) console.log('no parked keys');
+        for (const r of rows) {
+          console.log(
+            `${r.tenant ? `${r.tenant}:` : ''}${r.topic}\t${r.key}\thead ${r.message_id}\t${r.waiting} waiting\tsince ${r.parked_at.toISOString()}\t${r.error}`,
+          );
+        }
+        return 0;
       });
-      console.log(`released ${values.topic}/${arg}`);
-      return 0;
     }
-    if (sub === 'skip' && arg) {
-      await skipMessage(db, { messageId: arg, actor: values.actor!, reason: values.reason ?? '' });
-      console.log(`skipped ${arg}`);
-      return 0;
+    if (sub === 'release' && arg !== undefined && values.topic !== undefined) {
+      const a = operatorInput('outbox release', inputs.release, {
+        values: { reason: '', ...values, key: arg },
+        extra,
+      });
+      return withDb(async (db) => {
+        await releaseKey(db, a);
+        console.log(`released ${a.topic}/${a.key}`);
+        return 0;
+      });
+    }
+    if (sub === 'skip' && arg !== undefined) {
+      const a = operatorInput('outbox skip', inputs.skip, {
+        values: { reason: '', ...values, message_id: arg },
+        extra,
+      });
+      return withDb(async (db) => {
+        await skipMessage(db, { messageId: a.message_id, actor: a.actor, reason: a.reason });
+        console.log(`skipped ${a.message_id}`);
+        return 0;
+      });
     }
     console.error(usage);
     return 2;

@@ -10,7 +10,7 @@ const MESSAGE_ID_NAMESPACE = '6f1d3c5e-8a8f-4d8e-9c47-3c7a0e4b2a11';
 export const DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024;
 
 /** Kafka's own rule for topic names: 1-249 of a-z A-Z 0-9 . _ - (and not '.' or '..'). */
-const TopicName = z
+export const TopicName = z
   .string()
   .regex(/^[a-zA-Z0-9._-]{1,249}$/, { message: 'must be 1-249 characters of a-z A-Z 0-9 . _ -' })
   .refine((t) => t !== '.' && t !== '..', { message: 'cannot be "." or ".."' });

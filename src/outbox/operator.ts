@@ -1,6 +1,10 @@
 import { sql } from 'kysely';
+import { z } from 'zod';
 import type { Db } from '../db/database.js';
 import { NotFoundError, ValidationError } from '../errors.js';
+import { parseOptions } from '../options.js';
+import { SpiffeId } from '../schemas/taskState.js';
+import { TopicName } from './message.js';
 
 export interface ParkedKey {
   /** The tenant whose key it is ('' for messages without one): keys are parked per tenant. */
@@ -13,14 +17,24 @@ export interface ParkedKey {
   waiting: number;
 }
 
-function requireReason(reason: string | undefined): string {
-  if (!reason?.trim()) {
-    throw new ValidationError('operator action', [
-      { path: 'reason', message: 'is required: say why, it goes into the audit' },
-    ]);
-  }
-  return reason;
-}
+/** What an operator gives for an audited action; the CLI checks its flags with these too. */
+export const OperatorReason = z
+  .string()
+  .max(2000)
+  .refine((r) => r.trim() !== '', { message: 'is required: say why, it goes into the audit' });
+export const OutboxMessageId = z.uuid({
+  message: 'must be an outbox message id: a UUID, as `cairn outbox parked` prints it',
+});
+export const OutboxKey = z.string().min(1).max(1024);
+
+const ReleaseInput = z.strictObject({
+  topic: TopicName,
+  key: OutboxKey,
+  tenant: z.string().max(63).optional(),
+  actor: SpiffeId,
+  reason: OperatorReason,
+});
+const SkipInput = z.strictObject({ messageId: OutboxMessageId, actor: SpiffeId, reason: OperatorReason });
 
 /** Keys held back because their head message was refused, with how many messages wait behind it. */
 export async function listParked(db: Db): Promise<ParkedKey[]> {
@@ -46,9 +60,9 @@ export async function listParked(db: Db): Promise<ParkedKey[]> {
  */
 export async function releaseKey(
   db: Db,
-  a: { topic: string; key: string; tenant?: string; actor: string; reason: string },
+  input: { topic: string; key: string; tenant?: string; actor: string; reason: string },
 ): Promise<void> {
-  const reason = requireReason(a.reason);
+  const a = parseOptions('outbox release', ReleaseInput, input);
   await db.transaction().execute(async (t) => {
     let q = t
       .selectFrom('outbox_parked_key')
@@ -83,7 +97,7 @@ export async function releaseKey(
         key: a.key,
         message_id: parked.message_id,
         actor: a.actor,
-        reason,
+        reason: a.reason,
         detail: JSON.stringify({ error: parked.error }),
       })
       .execute();
@@ -96,9 +110,9 @@ export async function releaseKey(
  */
 export async function skipMessage(
   db: Db,
-  a: { messageId: string; actor: string; reason: string },
+  input: { messageId: string; actor: string; reason: string },
 ): Promise<void> {
-  const reason = requireReason(a.reason);
+  const a = parseOptions('outbox skip', SkipInput, input);
   await db.transaction().execute(async (t) => {
     const row = await t
       .deleteFrom('outbox')
@@ -120,7 +134,7 @@ export async function skipMessage(
         key: row.key,
         message_id: a.messageId,
         actor: a.actor,
-        reason,
+        reason: a.reason,
         detail: JSON.stringify({
           headers: row.headers,
           bytes: row.payload.length,
