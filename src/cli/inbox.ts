@@ -14,13 +14,17 @@ import { withDb } from './withDb.js';
 
 const usage = `usage:
   cairn inbox dlq [--group G]
-  cairn inbox replay <message_id> --group G
+  cairn inbox replay <message_id> --group G [--tenant T]
   cairn inbox prune [--older-than-hours 168]`;
 
 // One schema per sub-command, keyed by the flag (or usage) name an operator typed.
 const inputs = {
   dlq: z.strictObject({ group: ConsumerGroupId.optional() }),
-  replay: z.strictObject({ message_id: InboxMessageId, group: ConsumerGroupId }),
+  replay: z.strictObject({
+    message_id: InboxMessageId,
+    group: ConsumerGroupId,
+    tenant: z.string().optional(),
+  }),
   prune: z.strictObject({
     'older-than-hours': z
       .string()
@@ -35,7 +39,11 @@ export function inboxCommand(argv: string[]): Promise<number> {
     const { positionals, values } = parseArgs({
       args: argv,
       allowPositionals: true,
-      options: { group: { type: 'string' }, 'older-than-hours': { type: 'string' } },
+      options: {
+        group: { type: 'string' },
+        tenant: { type: 'string' },
+        'older-than-hours': { type: 'string' },
+      },
     });
     const [sub, arg, ...extra] = positionals;
     if (sub === 'dlq') {
@@ -61,6 +69,7 @@ export function inboxCommand(argv: string[]): Promise<number> {
         const r = await replayDeadLetter(db, createKafkaPublisher({ brokers: kafkaBrokersFromEnv() }), {
           messageId: a.message_id,
           groupId: a.group,
+          ...(a.tenant !== undefined ? { tenantId: a.tenant } : {}),
         });
         console.log(`replayed ${r.message_id} to ${r.topic} for group ${r.consumer_group}`);
         return 0;
