@@ -1,11 +1,12 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { Db } from '../src/db/database.js';
+import { type Db, databaseAddress, pingDatabase } from '../src/db/database.js';
 import type { Trx } from '../src/db/executor.js';
-import { isRetriableSqlError } from '../src/db/sqlstate.js';
+import { isConfigurationSqlError, isRetriableSqlError } from '../src/db/sqlstate.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import type { ReceivedBatch, ReceivedMessage, Subscriber } from '../src/kafka/subscriber.js';
 import { type Logger, silentLogger } from '../src/logger.js';
 import { HEADER } from '../src/outbox/wire.js';
+import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
 import { claimVersion } from './sql/claimVersion.js';
 import { appliedBy, inboxKey, insertInboxRows } from './sql/insertInboxRows.js';
 import { pruneInbox } from './sql/pruneInbox.js';
@@ -73,9 +74,15 @@ export interface InboxStats {
 }
 
 export interface InboxConsumer {
+  /**
+   * Resolves once consuming has started. It first waits for Postgres, then for the broker
+   * (capped backoff, logged with the address); a configuration error is thrown.
+   */
   run(): Promise<void>;
   stop(): Promise<void>;
   stats(): InboxStats;
+  /** What run() is waiting for because it did not answer yet; null once both did (or before run()). */
+  waitingFor(): Dependency | null;
 }
 
 const SEVEN_DAYS_MS = 7 * 24 * 3600 * 1000;
@@ -119,6 +126,8 @@ export function createInboxConsumer(options: InboxConsumerOptions): InboxConsume
   };
   let pruneTimer: NodeJS.Timeout | undefined;
   let dlqConnected: Promise<void> | undefined;
+  let waitingForDb = false;
+  const stopWaiting = new AbortController();
 
   /** Applies the new messages of a chunk in one transaction; returns counts to add once it committed. */
   async function applyChunk(trx: Trx, chunk: readonly InboxMessage[]) {
@@ -280,14 +289,27 @@ export function createInboxConsumer(options: InboxConsumerOptions): InboxConsume
 
   return {
     async run() {
+      const reached = await untilReachable(() => pingDatabase(db), {
+        dependency: 'postgres',
+        address: databaseAddress(db),
+        logger: log,
+        isConfigurationError: isConfigurationSqlError,
+        signal: stopWaiting.signal,
+        onWaiting: (w) => {
+          waitingForDb = w;
+        },
+      });
+      if (reached === 'stopped') return;
       schedulePrune();
       await options.subscriber.run(onBatch);
     },
     async stop() {
+      stopWaiting.abort();
       clearTimeout(pruneTimer);
       await options.subscriber.stop();
       if (dlqConnected) await options.dlqPublisher.disconnect().catch(() => {});
     },
     stats: () => ({ ...stats }),
+    waitingFor: () => (waitingForDb ? 'postgres' : options.subscriber.waiting() ? 'kafka' : null),
   };
 }

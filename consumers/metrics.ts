@@ -36,18 +36,33 @@ export function inboxMetrics(
     () => consumer.stats().deadLettered,
   );
   new Gauge({
+    name: 'cairn_inbox_waiting_for',
+    help: '1 while the consumer waits at start for a dependency (postgres, kafka) that does not answer',
+    labelNames: ['group', 'dependency'],
+    registers: [registry],
+    collect() {
+      const waiting = consumer.waitingFor();
+      for (const dependency of ['postgres', 'kafka'] as const) {
+        this.set({ group: opts.groupId, dependency }, waiting === dependency ? 1 : 0);
+      }
+    },
+  });
+  new Gauge({
     name: 'cairn_inbox_dlq_open',
     help: 'Dead letters on record not yet replayed',
     labelNames: ['group'],
     registers: [registry],
     async collect() {
+      // While Postgres is down the scrape must still answer (with cairn_inbox_waiting_for):
+      // this gauge keeps its last value.
       const r = await opts.db
         .selectFrom('inbox_dlq')
         .select((eb) => eb.fn.countAll<number>().as('n'))
         .where('consumer_group', '=', opts.groupId)
         .where('replayed_at', 'is', null)
-        .executeTakeFirstOrThrow();
-      this.set({ group: opts.groupId }, Number(r.n));
+        .executeTakeFirst()
+        .catch(() => undefined);
+      if (r) this.set({ group: opts.groupId }, Number(r.n));
     },
   });
   if (opts.admin) {

@@ -4,9 +4,15 @@
  * CAIRN_RELAY_LEASE_TTL_MS, CAIRN_RELAY_MAX_IDLE_MS, CAIRN_RELAY_REPLICATION_BARRIER (auto|off), CAIRN_METRICS_PORT (serves /metrics,
  * /healthz, /readyz on 127.0.0.1 when set). SIGTERM/SIGINT finish the batch in
  * flight, release the lanes and exit 0.
+ *
+ * Started while Postgres or the broker is down, it waits for them (logged with the address,
+ * /readyz 503, cairn_relay_waiting_for 1) and starts publishing once they answer. It exits
+ * with ExitCode.configuration (78) on a configuration error: a malformed DATABASE_URL or
+ * KAFKA_BROKERS, credentials refused, a database that does not exist.
  */
 import { createDb } from '../src/db/database.js';
 import { databaseUrlFromEnv, kafkaBrokersFromEnv } from '../src/env.js';
+import { exitCodeFor } from '../src/exitCodes.js';
 import { createKafkaPublisher } from '../src/kafka/publisher.js';
 import { createLogger } from '../src/logger.js';
 import { startMetricsServer } from '../src/metrics/metricsServer.js';
@@ -50,13 +56,16 @@ export async function runRelayProcess(): Promise<number> {
       ? await startMetricsServer({
           registry: relayMetrics(relay, db),
           port: metricsPort,
-          ready: () => relay.stats().lanesOwned > 0,
+          ready: () => relay.stats().waitingFor === null && relay.stats().lanesOwned > 0,
         })
       : undefined;
   if (metrics) logger.info({ port: metrics.port }, 'metrics on /metrics, /healthz, /readyz');
-  await relay.run();
-  await metrics?.close();
-  await db.destroy();
+  try {
+    await relay.run();
+  } finally {
+    await metrics?.close();
+    await db.destroy();
+  }
   logger.info(relay.stats(), 'relay stopped');
   return 0;
 }
@@ -66,7 +75,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     (code) => process.exit(code),
     (err: unknown) => {
       process.stderr.write(`cairn relay: ${(err as Error).message}\n`);
-      process.exit(1);
+      process.exit(exitCodeFor(err));
     },
   );
 }

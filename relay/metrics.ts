@@ -24,14 +24,27 @@ export function relayMetrics(relay: Relay, db: Db): Registry {
       this.set(relay.stats().lanesOwned);
     },
   });
+  new Gauge({
+    name: 'cairn_relay_waiting_for',
+    help: '1 while the relay waits at start for a dependency (postgres, kafka) that does not answer',
+    labelNames: ['dependency'],
+    registers: [registry],
+    collect() {
+      const waiting = relay.stats().waitingFor;
+      for (const dependency of ['postgres', 'kafka'] as const)
+        this.set({ dependency }, waiting === dependency ? 1 : 0);
+    },
+  });
   let status: Awaited<ReturnType<typeof outboxStatus>> | undefined;
   new Gauge({
     name: 'cairn_outbox_backlog',
     help: 'Messages waiting in the outbox',
     registers: [registry],
     async collect() {
-      status = await outboxStatus(db);
-      this.set(status.backlog);
+      // While Postgres is down the scrape must still answer (with cairn_relay_waiting_for):
+      // the outbox gauges keep their last values.
+      status = (await outboxStatus(db).catch(() => undefined)) ?? status;
+      if (status) this.set(status.backlog);
     },
   });
   new Gauge({

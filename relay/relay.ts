@@ -2,12 +2,16 @@ import { randomUUID } from 'node:crypto';
 import { sql } from 'kysely';
 import pRetry, { AbortError } from 'p-retry';
 import pg from 'pg';
-import { isPoisonError } from '../src/kafka/classifyError.js';
+import { databaseAddress, pingDatabase } from '../src/db/database.js';
+import { isConfigurationSqlError, SqlState, sqlState } from '../src/db/sqlstate.js';
+import { ConfigurationError } from '../src/errors.js';
+import { isKafkaConfigurationError, isPoisonError } from '../src/kafka/classifyError.js';
 import type { PublishMessage } from '../src/kafka/publisher.js';
 import { silentLogger } from '../src/logger.js';
 import { LANE_COUNT } from '../src/outbox/lanes.js';
 import { OUTBOX_CHANNEL } from '../src/outbox/outbox.js';
 import { BadRowError, wireHeaders } from '../src/outbox/wire.js';
+import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
 import { type ClaimedRow, claimBatch } from './sql/claimBatch.js';
 import { deleteFenced } from './sql/deleteFenced.js';
 import {
@@ -48,6 +52,7 @@ export function createRelay(options: RelayOptions): Relay {
     lostLaneDeletes: 0,
     idleMs: 1,
     waitMs: { claim: 0, publish: 0, delete: 0, barrier: 0 },
+    waitingFor: null,
   };
   const timed = async <T>(what: keyof RelayStats['waitMs'], p: Promise<T>): Promise<T> => {
     const t0 = performance.now();
@@ -60,6 +65,7 @@ export function createRelay(options: RelayOptions): Relay {
 
   let owned = new Map<number, number>(); // lane -> fencing token
   let stopping = false;
+  const stopWaiting = new AbortController();
   let running: Promise<void> | undefined;
   let wake: (() => void) | undefined;
 
@@ -325,14 +331,49 @@ export function createRelay(options: RelayOptions): Relay {
     listener = client;
   }
 
+  /** Runs a start-up step until its dependency answers; stats.waitingFor says which one meanwhile. */
+  function waitFor(
+    dependency: Dependency,
+    o: { address: string; isConfigurationError(err: unknown): boolean },
+    step: () => Promise<void>,
+  ): Promise<'reached' | 'stopped'> {
+    return untilReachable(step, {
+      dependency,
+      ...o,
+      logger: log,
+      signal: stopWaiting.signal,
+      onWaiting: (w) => {
+        stats.waitingFor = w ? dependency : null;
+      },
+    });
+  }
+
   async function loop(): Promise<void> {
-    await seedLanes(db);
+    const database = { address: databaseAddress(db), isConfigurationError: isConfigurationSqlError };
+    if ((await waitFor('postgres', database, () => pingDatabase(db))) === 'stopped') return;
+    await seedLanes(db).catch((err: unknown) => {
+      if (sqlState(err) !== SqlState.undefinedTable) throw err;
+      throw new ConfigurationError(
+        `the database at ${database.address} has no Cairn tables (${(err as Error).message}): run \`cairn migrate\` first`,
+        err,
+      );
+    });
     if (options.wakeOnNotify) {
       await listen(options.wakeOnNotify).catch((err: Error) =>
         log.warn({ err: err.message }, 'LISTEN failed; polling only'),
       );
     }
-    await options.publisher.connect();
+    const broker = { address: options.publisher.address, isConfigurationError: isKafkaConfigurationError };
+    const connected = await waitFor('kafka', broker, () =>
+      options.publisher.connect().catch(async (err: unknown) => {
+        await options.publisher.disconnect().catch(() => {});
+        throw err;
+      }),
+    );
+    if (connected === 'stopped') {
+      await listener?.end().catch(() => {});
+      return;
+    }
     let lastRebalance = 0;
     let idle = 1;
     try {
@@ -386,6 +427,7 @@ export function createRelay(options: RelayOptions): Relay {
     },
     async stop() {
       stopping = true;
+      stopWaiting.abort();
       wake?.();
       await running;
     },

@@ -51,11 +51,17 @@ export interface RelayStats {
   idleMs: number;
   /** Where the loop waited, in ms: for claimed rows, for the broker's ack, for the previous delete. */
   waitMs: { claim: number; publish: number; delete: number; barrier: number };
+  /** At start: the dependency that has not answered yet (the relay waits for it); null once both did. */
+  waitingFor: 'postgres' | 'kafka' | null;
 }
 
 export interface Relay {
   readonly instanceId: string;
-  /** Runs until stop(); resolves when the loop has finished its batch in flight and released its lanes. */
+  /**
+   * Runs until stop(); resolves when the loop has finished its batch in flight and released its
+   * lanes. At start it waits for Postgres, then for the broker (capped backoff, logged with the
+   * address); a configuration error (credentials refused, no such database) rejects it.
+   */
   run(): Promise<void>;
   stop(): Promise<void>;
   stats(): RelayStats;

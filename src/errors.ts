@@ -68,6 +68,17 @@ export class UnavailableError extends CairnError {
   }
 }
 
+/**
+ * A setting that can never work as given (a malformed DATABASE_URL or KAFKA_BROKERS, a
+ * password the server refuses, a database that does not exist): waiting will not help, so
+ * a process exits with ExitCode.configuration and this message.
+ */
+export class ConfigurationError extends CairnError {
+  constructor(message: string, cause?: unknown) {
+    super('configuration', message, { cause });
+  }
+}
+
 export function preview(value: unknown, max = 80): string {
   let text: string;
   try {

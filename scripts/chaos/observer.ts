@@ -13,14 +13,14 @@ import { createDb } from '../../src/db/database.js';
 import { createKafkaPublisher } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { createLogger } from '../../src/logger.js';
-import { countConsumerRestarts, runUntilSigterm } from '../demo/consumerProcess.js';
+import { connectionsFromEnv, countConsumerRestarts, runUntilSigterm } from '../demo/consumerProcess.js';
 
-const brokers = process.env.KAFKA_BROKERS!.split(',');
+const { databaseUrl, brokers } = connectionsFromEnv('chaos observer');
 const groupId = process.env.CHAOS_GROUP!;
 const topic = process.env.CHAOS_TOPIC!;
 const logger = createLogger({ name: `chaos-observer-${groupId}`, level: 'warn' });
 const db = createDb({
-  connectionString: process.env.DATABASE_URL!,
+  connectionString: databaseUrl,
   max: 3,
   applicationName: 'cairn-demo-observer',
 });
@@ -34,6 +34,7 @@ const consumer = createInboxConsumer({
     topics: [topic],
     sessionTimeoutMs: Number(process.env.CHAOS_SESSION_TIMEOUT_MS ?? 3000),
     onRestart: countConsumerRestarts(db, logger),
+    logger,
   }),
   dlqPublisher: createKafkaPublisher({ brokers }),
   logger,
@@ -47,4 +48,4 @@ const consumer = createInboxConsumer({
   },
 });
 
-await runUntilSigterm(consumer, db);
+await runUntilSigterm(consumer, { name: 'chaos observer', db, groupId, topics: [topic] });

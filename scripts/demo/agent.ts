@@ -19,12 +19,12 @@ import { createReceiptStore } from '../../src/receipts/receipts.js';
 import type { TaskPatch } from '../../src/schemas/taskPatch.js';
 import type { TaskStatus } from '../../src/schemas/taskState.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
-import { countConsumerRestarts, runUntilSigterm } from './consumerProcess.js';
+import { connectionsFromEnv, countConsumerRestarts, runUntilSigterm } from './consumerProcess.js';
 import { ROLES, type Role, topicOf } from './workflow.js';
 
 const run = process.env.DEMO_RUN!;
 const role = process.env.DEMO_ROLE as Role;
-const brokers = process.env.KAFKA_BROKERS!.split(',');
+const { databaseUrl, brokers } = connectionsFromEnv(`demo ${role}`);
 const sink = process.env.SINK_URL!;
 const workMs = Number(process.env.DEMO_WORK_MS ?? 300);
 /** When set, every transition also publishes an event (keyed by task, ordered by version) to this topic. */
@@ -34,7 +34,7 @@ const actor = `spiffe://demo.cairn.local/agents/${role}`;
 const logger = createLogger({ name: `demo-${role}`, level: 'warn' });
 
 const db = createDb({
-  connectionString: process.env.DATABASE_URL!,
+  connectionString: databaseUrl,
   max: 4,
   applicationName: `cairn-demo-${role}`,
 });
@@ -89,6 +89,7 @@ const consumer = createInboxConsumer({
     topics: [topicOf(run, spec.from)],
     sessionTimeoutMs: 3000,
     onRestart: countConsumerRestarts(db, logger),
+    logger,
   }),
   dlqPublisher: createKafkaPublisher({ brokers }),
   logger,
@@ -144,4 +145,9 @@ const consumer = createInboxConsumer({
   },
 });
 
-await runUntilSigterm(consumer, db);
+await runUntilSigterm(consumer, {
+  name: `demo ${role}`,
+  db,
+  groupId: `demo-${run}-${role}`,
+  topics: [topicOf(run, spec.from)],
+});

@@ -1,7 +1,11 @@
 import { sql } from 'kysely';
 import type { InboxConsumer } from '../../consumers/inboxConsumer.js';
+import { inboxMetrics } from '../../consumers/metrics.js';
 import type { Db } from '../../src/db/database.js';
+import { databaseUrlFromEnv, kafkaBrokersFromEnv } from '../../src/env.js';
+import { exitCodeFor } from '../../src/exitCodes.js';
 import type { Logger } from '../../src/logger.js';
+import { startMetricsServer } from '../../src/metrics/metricsServer.js';
 
 /** The subscriber's onRestart for demo processes: logs it and counts it in demo_event. */
 export function countConsumerRestarts(db: Db, logger: Logger) {
@@ -11,13 +15,50 @@ export function countConsumerRestarts(db: Db, logger: Logger) {
   };
 }
 
-/** Runs the consumer until SIGTERM, then stops it, closes the database and exits 0. */
-export async function runUntilSigterm(consumer: InboxConsumer, db: Db): Promise<void> {
+/** DATABASE_URL and KAFKA_BROKERS, checked: a malformed one exits 78 with a message naming it. */
+export function connectionsFromEnv(name: string): { databaseUrl: string; brokers: string[] } {
+  try {
+    return { databaseUrl: databaseUrlFromEnv(), brokers: kafkaBrokersFromEnv() };
+  } catch (err) {
+    return exitOn(name, err);
+  }
+}
+
+function exitOn(name: string, err: unknown): never {
+  process.stderr.write(`${name}: ${(err as Error).message}\n`);
+  process.exit(exitCodeFor(err));
+}
+
+/**
+ * Runs the consumer until SIGTERM, then stops it, closes the database and exits 0. While
+ * Postgres or the broker does not answer at start, the consumer waits (and says so); with
+ * CAIRN_METRICS_PORT set, /readyz answers 503 until it consumes and /metrics shows
+ * cairn_inbox_waiting_for. A configuration error exits 78 (src/exitCodes.ts).
+ */
+export async function runUntilSigterm(
+  consumer: InboxConsumer,
+  o: { name: string; db: Db; groupId: string; topics: string[] },
+): Promise<void> {
+  let consuming = false;
+  const port = process.env.CAIRN_METRICS_PORT;
+  const metrics = port
+    ? await startMetricsServer({
+        registry: inboxMetrics(consumer, { db: o.db, groupId: o.groupId, topics: o.topics }),
+        port: Number(port),
+        ready: () => consuming,
+      })
+    : undefined;
   process.once('SIGTERM', () => {
     void consumer
       .stop()
-      .then(() => db.destroy())
+      .then(() => metrics?.close())
+      .then(() => o.db.destroy())
       .then(() => process.exit(0));
   });
-  await consumer.run();
+  try {
+    await consumer.run();
+    consuming = true;
+  } catch (err) {
+    exitOn(o.name, err);
+  }
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 /** `cairn <command>`: operator commands. Each command lives in its own module under src/cli/. */
 import { CairnError } from '../errors.js';
+import { ExitCode, exitCodeFor } from '../exitCodes.js';
 import { failoverCommand } from './failover.js';
 import { inboxCommand } from './inbox.js';
 import { checkpointCommand, taskCommand } from './inspect.js';
@@ -108,12 +109,12 @@ async function main(argv: string[]): Promise<number> {
   const name = argv[0];
   if (!name || name === '--help' || name === '-h' || name === 'help') {
     console.log(usage);
-    return name ? 0 : 2;
+    return name ? ExitCode.ok : ExitCode.usage;
   }
   const command = commands[name];
   if (!command) {
     console.error(`cairn: unknown command "${name}"\n\n${usage}`);
-    return 2;
+    return ExitCode.usage;
   }
   if (argv.includes('--help') || argv.includes('-h')) {
     console.log(`usage:\n${command.help}`);
@@ -129,6 +130,6 @@ main(process.argv.slice(2)).then(
   (err: unknown) => {
     const e = err as Error;
     console.error(`cairn: ${e instanceof CairnError ? `[${e.code}] ` : ''}${e.message}`);
-    process.exitCode = 1;
+    process.exitCode = exitCodeFor(err);
   },
 );

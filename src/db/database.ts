@@ -8,8 +8,9 @@ import {
 } from 'kysely';
 import pg from 'pg';
 import { z } from 'zod';
-import { UnavailableError } from '../errors.js';
+import { ConfigurationError, UnavailableError } from '../errors.js';
 import { parseOptions } from '../options.js';
+import { isConfigurationSqlError } from './sqlstate.js';
 import { destroyTenantViews, registerPool } from './tenant.js';
 import type { Database } from './types.js';
 
@@ -30,6 +31,9 @@ const DbOptions = z
 export type DbOptions = z.input<typeof DbOptions>;
 export type PoolSettings = z.output<typeof DbOptions>;
 export type Db = Kysely<Database>;
+
+/** Each database's address with the password redacted, for log lines (see databaseAddress). */
+const addresses = new WeakMap<Db, string>();
 
 /** Creates a kysely instance over a pg pool. Call `db.destroy()` to close it (and its tenant views). */
 export function createDb(options: DbOptions): Db {
@@ -55,6 +59,7 @@ export function createDb(options: DbOptions): Db {
   };
   const db: Db = new Kysely<Database>({ dialect });
   registerPool(db, o);
+  addresses.set(db, redact(o.connectionString));
   return db;
 }
 
@@ -77,17 +82,37 @@ export function createPool(o: PoolSettings): pg.Pool {
   return pool;
 }
 
-/** Fails fast with the address tried and what to do, instead of hanging on a dead server. */
+/**
+ * Fails fast with the address tried and what to do, instead of hanging on a dead server: for
+ * one-shot commands. Long-running processes wait instead (see startup/untilReachable.ts).
+ */
 export async function assertReachable(db: Db, connectionString: string): Promise<void> {
   try {
     await db.selectNoFrom((eb) => eb.val(1).as('one')).execute();
   } catch (err) {
+    if (isConfigurationSqlError(err)) {
+      throw new ConfigurationError(
+        `Postgres at ${redact(connectionString)} refused the connection: ${(err as Error).message}. ` +
+          'Fix DATABASE_URL (user, password, database name).',
+        err,
+      );
+    }
     throw new UnavailableError(
       `cannot reach Postgres at ${redact(connectionString)}: ${(err as Error).message}. ` +
         'Check that the server runs, or set DATABASE_URL to one that does (see README: "Use your own Postgres and Kafka").',
       err,
     );
   }
+}
+
+/** Where `db` connects, password redacted: what a log line names while a process waits for it. */
+export function databaseAddress(db: Db): string {
+  return addresses.get(db) ?? '(a database not made by createDb)';
+}
+
+/** One round trip; throws what pg threw when the server cannot be reached or refuses us. */
+export async function pingDatabase(db: Db): Promise<void> {
+  await db.selectNoFrom((eb) => eb.val(1).as('one')).execute();
 }
 
 export function redact(url: string): string {

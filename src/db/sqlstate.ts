@@ -16,6 +16,12 @@ export const SqlState = {
   crashShutdown: '57P02',
   cannotConnectNow: '57P03',
   queryCanceled: '57014',
+  // Refused at connect: a wrong password or user, a pg_hba.conf rule, a database that does not exist.
+  invalidPassword: '28P01',
+  invalidAuthorization: '28000',
+  invalidCatalogName: '3D000',
+  // A Cairn table is missing: the database was never migrated.
+  undefinedTable: '42P01',
   // Raised by Cairn's own triggers (migrations/0001_task_state.ts).
   taskTerminal: 'CN001',
   undeclaredTransition: 'CN002',
@@ -88,6 +94,24 @@ export function isRetriableSqlError(err: unknown): boolean {
     code === 'EPIPE' ||
     /Connection terminated|terminating connection|Client has encountered a connection error/i.test(message)
   );
+}
+
+/**
+ * Errors at connect that no amount of waiting fixes: the credentials, the database name or
+ * the connection string itself are wrong. Anything else at connect (refused, timed out, the
+ * server starting up: 57P03) is an outage, and a process waits for it.
+ */
+export function isConfigurationSqlError(err: unknown): boolean {
+  const state = sqlState(err);
+  if (state) {
+    return (
+      state === SqlState.invalidPassword ||
+      state === SqlState.invalidAuthorization ||
+      state === SqlState.invalidCatalogName
+    );
+  }
+  const code = (err as { code?: unknown } | null)?.code;
+  return code === 'ERR_INVALID_URL' || code === 'ERR_SOCKET_BAD_PORT';
 }
 
 export function isUniqueViolation(err: unknown, constraint?: string): boolean {

@@ -25,3 +25,19 @@ export function isPoisonError(err: unknown): boolean {
   }
   return false;
 }
+
+/**
+ * Errors at connect that waiting cannot fix: the broker refused our credentials, or an
+ * address is not one a socket can use. A refused or timed-out connection is an outage.
+ */
+export function isKafkaConfigurationError(err: unknown): boolean {
+  const seen = new Set<unknown>();
+  let e: unknown = err;
+  while (e && typeof e === 'object' && !seen.has(e)) {
+    seen.add(e);
+    const { name, code } = e as { name?: unknown; code?: unknown };
+    if (name === 'KafkaJSSASLAuthenticationError' || code === 'ERR_SOCKET_BAD_PORT') return true;
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}

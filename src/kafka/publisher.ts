@@ -12,6 +12,8 @@ export interface PublishMessage {
  * relay behind this interface lets another client replace it without touching the relay.
  */
 export interface Publisher {
+  /** Where it connects (the bootstrap brokers), for log lines. */
+  readonly address: string;
   connect(): Promise<void>;
   /** Resolves once the broker acknowledged every message (acks=all), in order per partition. */
   publish(messages: readonly PublishMessage[]): Promise<void>;
@@ -42,6 +44,7 @@ export function createKafkaPublisher(opts: {
   const kafka = kafkaClient(opts.brokers, opts.clientId ?? 'cairn-relay');
   let producer: Producer | undefined;
   return {
+    address: opts.brokers.join(','),
     async connect() {
       producer = kafka.producer({
         idempotent: true,

@@ -1,4 +1,7 @@
 import type { Consumer } from 'kafkajs';
+import { type Logger, silentLogger } from '../logger.js';
+import { untilReachable } from '../startup/untilReachable.js';
+import { isKafkaConfigurationError } from './classifyError.js';
 import { kafkaClient } from './publisher.js';
 
 export interface ReceivedMessage {
@@ -27,7 +30,13 @@ export interface ReceivedBatch {
  * transaction committed). kafkajs is behind this so another client can replace it.
  */
 export interface Subscriber {
+  /**
+   * Resolves once consuming has started: while the broker cannot be reached it waits (capped
+   * backoff; a configuration error is thrown), and stop() ends that wait.
+   */
   run(eachBatch: (batch: ReceivedBatch) => Promise<void>): Promise<void>;
+  /** True while run() waits for a broker that has not answered yet. */
+  waiting(): boolean;
   /** Commits `nextOffset` (the offset of the next message to read) for one partition. */
   commit(topic: string, partition: number, nextOffset: string): Promise<void>;
   stop(): Promise<void>;
@@ -42,13 +51,35 @@ export function createKafkaSubscriber(opts: {
   sessionTimeoutMs?: number;
   /** Told when the client crashed for good and is being replaced (see run()). */
   onRestart?: (error: Error, attempt: number) => void;
+  logger?: Logger;
 }): Subscriber {
   const kafka = kafkaClient(opts.brokers, opts.clientId ?? `cairn-inbox-${opts.groupId}`);
+  const log = (opts.logger ?? silentLogger).child({ component: 'subscriber', group: opts.groupId });
   let consumer: Consumer | undefined;
   let stopped = false;
+  let waiting = false;
+  let stopWaiting = new AbortController();
 
-  /** Connects, subscribes and starts one kafkajs consumer; resolves with a promise of its crash. */
-  async function start(eachBatch: (batch: ReceivedBatch) => Promise<void>): Promise<Promise<Error>> {
+  /**
+   * Fails within a connection timeout when no broker answers. A kafkajs consumer's own
+   * connect() retries for tens of seconds first, too long to say promptly what we wait for.
+   */
+  async function probe(): Promise<void> {
+    const admin = kafka.admin({ retry: { retries: 0 } });
+    try {
+      await admin.connect();
+    } finally {
+      await admin.disconnect().catch(() => {});
+    }
+  }
+
+  /**
+   * Connects, subscribes and starts one kafkajs consumer; resolves with a promise of its crash
+   * (in an object: an async function returning a bare promise would wait for the crash).
+   */
+  async function start(
+    eachBatch: (batch: ReceivedBatch) => Promise<void>,
+  ): Promise<{ crashed: Promise<Error> }> {
     const c = kafka.consumer({
       groupId: opts.groupId,
       sessionTimeout: opts.sessionTimeoutMs ?? 10_000,
@@ -94,7 +125,7 @@ export function createKafkaSubscriber(opts: {
         });
       },
     });
-    return crashed;
+    return { crashed };
   }
 
   return {
@@ -106,10 +137,39 @@ export function createKafkaSubscriber(opts: {
      */
     async run(eachBatch) {
       stopped = false;
-      let crashed = await start(eachBatch);
+      stopWaiting = new AbortController();
+      let crashed: Promise<Error> | undefined;
+      const started = await untilReachable(
+        async () => {
+          await probe();
+          try {
+            ({ crashed } = await start(eachBatch));
+          } catch (err) {
+            await consumer?.disconnect().catch(() => {});
+            throw err;
+          }
+        },
+        {
+          dependency: 'kafka',
+          address: opts.brokers.join(','),
+          logger: log,
+          isConfigurationError: isKafkaConfigurationError,
+          signal: stopWaiting.signal,
+          onWaiting: (w) => {
+            waiting = w;
+          },
+        },
+      );
+      if (started === 'stopped' || !crashed) return;
+      if (stopped) {
+        // stop() came while the last attempt was connecting: it found no consumer to stop.
+        await consumer?.disconnect().catch(() => {});
+        consumer = undefined;
+        return;
+      }
       void (async () => {
         for (let attempt = 1; ; attempt++) {
-          const error = await crashed;
+          const error = await crashed!;
           if (stopped) return;
           opts.onRestart?.(error, attempt);
           await consumer?.disconnect().catch(() => {});
@@ -117,7 +177,7 @@ export function createKafkaSubscriber(opts: {
             await new Promise((r) => setTimeout(r, Math.min(10_000, 250 * 2 ** Math.min(attempt, 6))));
             if (stopped) return;
             try {
-              crashed = await start(eachBatch);
+              ({ crashed } = await start(eachBatch));
               break;
             } catch (err) {
               opts.onRestart?.(err as Error, ++attempt);
@@ -130,8 +190,10 @@ export function createKafkaSubscriber(opts: {
     async commit(topic, partition, nextOffset) {
       await consumer?.commitOffsets([{ topic, partition, offset: nextOffset }]);
     },
+    waiting: () => waiting,
     async stop() {
       stopped = true;
+      stopWaiting.abort();
       await consumer?.disconnect();
       consumer = undefined;
     },

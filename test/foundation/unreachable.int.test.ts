@@ -4,14 +4,18 @@ import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, inject, it } from 'vitest';
 import { kafkaPaths, repoRoot } from '../../scripts/stack/paths.js';
 import { resolveStack } from '../../scripts/stack/resolve.js';
+import { ExitCode } from '../../src/exitCodes.js';
+import { spawnTs } from '../support/processes.js';
+import { createTestDatabase } from '../support/testDatabase.js';
 
 const run = promisify(execFile);
 
 // Port 1 on loopback: nothing listens there, so connections are refused at once.
-describe('unreachable services give a clear error, not a hang', () => {
+// One-shot commands fail fast; long-running processes wait (startDuringOutage.int.test.ts).
+describe('unreachable services give one-shot commands a clear error, not a hang', () => {
   it('cairn migrate names the Postgres address it tried and what to do', async () => {
     const started = Date.now();
     const result = await run('npx', ['tsx', 'src/cli/main.ts', 'migrate'], {
@@ -77,5 +81,59 @@ describe('unreachable services give a clear error, not a hang', () => {
     expect(result.stderr).toContain(
       `Socket server failed to bind to 127.0.0.1:${port}: Address already in use`,
     );
+  });
+});
+
+/** Starts a long-running process and waits for it to exit by itself (it must not wait). */
+async function exitOf(entry: string, env: Record<string, string>) {
+  const child = spawnTs(entry, entry, { GROUP: 'g', TOPIC: 't', ...env });
+  const timer = setTimeout(() => child.proc.kill('SIGKILL'), 30_000);
+  const code = await child.exited;
+  clearTimeout(timer);
+  return { code, output: child.output() };
+}
+
+describe('configuration errors end long-running processes at once with exit 78 and the value', () => {
+  const kafka = inject('kafkaBrokers');
+
+  it('cairn relay: KAFKA_BROKERS without a port', async () => {
+    const r = await exitOf('relay/main.ts', {
+      DATABASE_URL: inject('databaseUrl'),
+      KAFKA_BROKERS: '127.0.0.1',
+    });
+    expect(r.code, r.output).toBe(ExitCode.configuration);
+    expect(r.output).toContain('KAFKA_BROKERS is not a comma-separated list of host:port: "127.0.0.1"');
+  });
+
+  it('cairn relay: a database that does not exist (3D000)', async () => {
+    const url = new URL(inject('databaseUrl'));
+    url.pathname = '/cairn_no_such_database';
+    const r = await exitOf('relay/main.ts', { DATABASE_URL: url.toString(), KAFKA_BROKERS: kafka });
+    expect(r.code, r.output).toBe(ExitCode.configuration);
+    expect(r.output).toContain(`postgres at ${url.toString()} refused the configuration`);
+    expect(r.output).toContain('database "cairn_no_such_database" does not exist');
+  });
+
+  it('cairn relay: a database without the Cairn tables says to run cairn migrate', async () => {
+    const tdb = await createTestDatabase('unmigrated', { migrate: false, max: 1 });
+    try {
+      const r = await exitOf('relay/main.ts', { DATABASE_URL: tdb.url, KAFKA_BROKERS: kafka });
+      expect(r.code, r.output).toBe(ExitCode.configuration);
+      expect(r.output).toContain('run `cairn migrate` first');
+    } finally {
+      await tdb.drop();
+    }
+  });
+
+  it('an inbox consumer process: a DATABASE_URL that is not a URL, password masked', async () => {
+    const r = await exitOf('test/support/effectConsumer.ts', {
+      DATABASE_URL: 'postgres://cairn:s3cret@db.example:port/cairn',
+      KAFKA_BROKERS: kafka,
+    });
+    expect(r.code, r.output).toBe(ExitCode.configuration);
+    expect(r.output).toContain(
+      'DATABASE_URL is not a postgres:// URL: "postgres://cairn:***@db.example:port/cairn"',
+    );
+    expect(r.output).not.toContain('s3cret');
   });
 });

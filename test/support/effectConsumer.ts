@@ -3,25 +3,29 @@
  * `effects` (no unique constraint, so a double application shows up as two rows). Settings
  * from the environment: DATABASE_URL, KAFKA_BROKERS, GROUP, TOPIC, CONSUMER_NAME, and
  * CAIRN_FAULT_KILL_AFTER_DB_COMMIT=N (SIGKILL itself after the Nth database commit, before
- * the offset commit).
+ * the offset commit), CAIRN_METRICS_PORT (/readyz, /metrics). Started while Postgres or the
+ * broker is down, it waits for them like the demo's consumers (runUntilSigterm).
  */
 import { sql } from 'kysely';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
+import { connectionsFromEnv, runUntilSigterm } from '../../scripts/demo/consumerProcess.js';
 import { createDb } from '../../src/db/database.js';
 import { createKafkaPublisher } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
+import { createLogger } from '../../src/logger.js';
 
 const env = (name: string) => {
   const v = process.env[name];
   if (!v) throw new Error(`${name} is required`);
   return v;
 };
-const brokers = env('KAFKA_BROKERS').split(',');
-const db = createDb({ connectionString: env('DATABASE_URL'), max: 4 });
+const { databaseUrl, brokers } = connectionsFromEnv('effect consumer');
+const db = createDb({ connectionString: databaseUrl, max: 4 });
 const killAfter = process.env.CAIRN_FAULT_KILL_AFTER_DB_COMMIT
   ? Number(process.env.CAIRN_FAULT_KILL_AFTER_DB_COMMIT)
   : 0;
 const name = process.env.CONSUMER_NAME ?? 'consumer';
+const logger = createLogger({ name: `effect-consumer-${name}` });
 
 const consumer = createInboxConsumer({
   db,
@@ -31,8 +35,10 @@ const consumer = createInboxConsumer({
     groupId: env('GROUP'),
     topics: [env('TOPIC')],
     sessionTimeoutMs: 6000,
+    logger,
   }),
   dlqPublisher: createKafkaPublisher({ brokers }),
+  logger,
   chunkSize: Number(process.env.CHUNK_SIZE ?? 100),
   handler: async (trx, m) => {
     const { key, seq } = m.json<{ key: string; seq: number }>();
@@ -51,11 +57,10 @@ const consumer = createInboxConsumer({
     : {}),
 });
 
-const stop = async () => {
-  await consumer.stop();
-  await db.destroy();
-  process.exit(0);
-};
-process.once('SIGTERM', () => void stop());
-await consumer.run();
+await runUntilSigterm(consumer, {
+  name: 'effect consumer',
+  db,
+  groupId: env('GROUP'),
+  topics: [env('TOPIC')],
+});
 process.stdout.write('consumer running\n');

@@ -1,0 +1,20 @@
+import { CairnError } from './errors.js';
+
+/**
+ * How Cairn's processes (`cairn`, `cairn relay`, the inbox consumer processes) exit. An
+ * outage at start is not among them: a process waits for Postgres and the broker instead.
+ */
+export const ExitCode = {
+  /** Done, or stopped by SIGTERM/SIGINT. */
+  ok: 0,
+  /** Anything unexpected; the message says what. */
+  failed: 1,
+  /** Unknown command or bad arguments. */
+  usage: 2,
+  /** A ConfigurationError: a malformed DATABASE_URL or KAFKA_BROKERS, credentials refused, no such database (sysexits EX_CONFIG). */
+  configuration: 78,
+} as const;
+
+export function exitCodeFor(err: unknown): number {
+  return err instanceof CairnError && err.code === 'configuration' ? ExitCode.configuration : ExitCode.failed;
+}
