@@ -11,10 +11,15 @@ export const ExitCode = {
   failed: 1,
   /** Unknown command or bad arguments. */
   usage: 2,
+  /** A dependency (a key, a key provider) is unavailable now: nothing was concluded or written; run it again (sysexits EX_TEMPFAIL). */
+  unavailable: 75,
   /** A ConfigurationError: a malformed DATABASE_URL or KAFKA_BROKERS, credentials refused, no such database (sysexits EX_CONFIG). */
   configuration: 78,
 } as const;
 
 export function exitCodeFor(err: unknown): number {
-  return err instanceof CairnError && err.code === 'configuration' ? ExitCode.configuration : ExitCode.failed;
+  if (!(err instanceof CairnError)) return ExitCode.failed;
+  if (err.code === 'configuration') return ExitCode.configuration;
+  if (err.code === 'unavailable') return ExitCode.unavailable;
+  return ExitCode.failed;
 }

@@ -1,6 +1,7 @@
 import { parseArgs } from 'node:util';
-import { createCheckpointer } from '../checkpoints/checkpoints.js';
 import { createTaskStore } from '../state/taskStore.js';
+import { ExitCode } from '../exitCodes.js';
+import { checkpointerFromEnv } from './checkpointKeys.js';
 import { withDb } from './withDb.js';
 
 /** `cairn task show <id>` (state and a readable timeline) and `cairn task history <id>` (the audit rows). */
@@ -53,51 +54,63 @@ export async function checkpointCommand(argv: string[]): Promise<number> {
   const { positionals, values } = parseArgs({
     args: argv,
     allowPositionals: true,
-    options: { json: { type: 'boolean' } },
+    options: { json: { type: 'boolean' }, keyring: { type: 'string' } },
   });
   const [sub, taskId] = positionals;
   if ((sub !== 'list' && sub !== 'verify') || !taskId) {
-    console.error('usage: cairn checkpoint list|verify <task_id> [--json]');
+    console.error('usage: cairn checkpoint list|verify <task_id> [--keyring F] [--json]');
     return 2;
   }
   return withDb(async (db) => {
-    // Verification needs the key ring that signed them: CAIRN_CHECKPOINT_KEYS=kid:secret,... (current first).
-    const keys = (process.env.CAIRN_CHECKPOINT_KEYS ?? '').split(',').filter(Boolean);
-    const ring = keys.length
-      ? {
-          current: keys[0]!.split(':')[0]!,
-          keys: Object.fromEntries(
-            keys.map((k) => [k.split(':')[0]!, Buffer.from(k.split(':').slice(1).join(':'))]),
-          ),
-        }
-      : undefined;
-    const checkpoints = createCheckpointer({ db, ...(ring ? { keyRing: ring } : {}) });
+    const { checkpointer: checkpoints } = checkpointerFromEnv(db, values.keyring);
     const list = await checkpoints.list(taskId);
     const rows = [];
     let bad = 0;
+    let unavailable = 0;
     for (let i = 0; i < list.length; i++) {
       const c = list[i]!;
       const v = sub === 'verify' ? await checkpoints.verify(c, list[i + 1]) : undefined;
-      if (v && !v.ok) bad++;
+      if (v && !v.ok) {
+        if (v.unavailable) unavailable++;
+        else bad++;
+      }
       rows.push({
         seq: c.seq,
         checkpoint_id: c.checkpoint.checkpoint_id,
         state_version: c.checkpoint.state_version,
         created_at: c.checkpoint.created_at,
         reason: c.checkpoint.reason,
-        ...(v ? { valid: v.ok, problem: v.ok ? undefined : v.reason } : {}),
+        ...(v
+          ? {
+              valid: v.ok,
+              signature_checked: v.ok ? v.signatureChecked : undefined,
+              unavailable: v.ok ? undefined : !!v.unavailable,
+              problem: v.ok ? undefined : v.reason,
+            }
+          : {}),
       });
     }
     if (values.json) console.log(JSON.stringify(rows, null, 2));
     else {
       if (rows.length === 0) console.log(`no checkpoints for task ${taskId}`);
       for (const r of rows) {
-        const status = r.valid === undefined ? '' : r.valid ? 'ok       ' : `CORRUPT (${r.problem}) `;
+        // Without the key ring only digests and chain are checked, which whoever can write the
+        // table can recompute: never say "ok" for that.
+        const status =
+          r.valid === undefined
+            ? ''
+            : r.valid
+              ? r.signature_checked
+                ? 'ok       '
+                : 'signature not checked (no CAIRN_CHECKPOINT_KEYS), digests match '
+              : r.unavailable
+                ? `UNAVAILABLE, not checked (${r.problem}) `
+                : `CORRUPT (${r.problem}) `;
         console.log(
           `#${r.seq}  ${status}${r.checkpoint_id}  v${r.state_version}  ${r.created_at}  ${r.reason}`,
         );
       }
     }
-    return bad > 0 ? 1 : 0;
+    return bad > 0 ? ExitCode.failed : unavailable > 0 ? ExitCode.unavailable : ExitCode.ok;
   });
 }

@@ -1,11 +1,11 @@
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
-import { createCheckpointer } from '../checkpoints/checkpoints.js';
 import { ValidationError } from '../errors.js';
 import { createLeaseManager } from '../leases/leases.js';
 import { createReceiptStore } from '../receipts/receipts.js';
-import { type Policy, resume } from '../recovery/resume.js';
+import { parsePolicy, resume } from '../recovery/resume.js';
 import { createTaskStore } from '../state/taskStore.js';
+import { checkpointerFromEnv } from './checkpointKeys.js';
 
 function readJson(flag: string, path: string | undefined): unknown {
   if (!path)
@@ -33,24 +33,31 @@ export async function resumeCommand(argv: string[]): Promise<number> {
       workflow: { type: 'string' },
       policy: { type: 'string' },
       agent: { type: 'string' },
+      keyring: { type: 'string' },
       actor: { type: 'string', default: `spiffe://cairn.local/operator/${process.env.USER ?? 'unknown'}` },
       json: { type: 'boolean' },
     },
   });
   const taskId = positionals[0];
   if (!taskId || !values.agent) {
-    console.error('usage: cairn resume <task> --workflow wf.json --policy policy.json --agent ID [--json]');
+    console.error(
+      'usage: cairn resume <task> --workflow wf.json --policy policy.json --agent ID [--keyring F] [--json]\n' +
+        '  (CAIRN_KEYRING: the KEK file for encrypted checkpoints; CAIRN_CHECKPOINT_KEYS: the signing key ring)',
+    );
     return 2;
   }
   const workflowDefinition = readJson('workflow', values.workflow);
-  const policy = readJson('policy', values.policy) as Policy;
+  // Validated before anything is opened: a policy that says "allowed": "false" is refused.
+  const policy = parsePolicy(readJson('policy', values.policy), `policy file ${values.policy}`);
   return withDb(async (db) => {
-    const checkpoints = createCheckpointer({ db });
+    // The same keys the agents use: without them an encrypted checkpoint cannot be read, and
+    // resume would stop (an outage) rather than resume.
+    const { checkpointer: checkpoints, keys } = checkpointerFromEnv(db, values.keyring);
     const plan = await resume(taskId, {
       db,
       store: createTaskStore({ db, checkpointer: checkpoints }),
       checkpoints,
-      receipts: createReceiptStore({ db }),
+      receipts: createReceiptStore({ db, ...(keys ? { keys } : {}) }),
       leases: createLeaseManager({ db }),
       workflowDefinition,
       policy: async () => policy,
