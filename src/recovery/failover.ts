@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { Kafka } from 'kafkajs';
 import type { Db } from '../db/database.js';
+import { HEADER } from '../outbox/wire.js';
 
 /** A transition the broker saw (a message it caused) that the database no longer has. */
 export interface LostTransition {
@@ -48,6 +49,9 @@ export interface SeenMessage {
   partition: number;
   offset: string;
   key: string;
+  /** From Cairn's own headers (set by the relay from the outbox row, never by a caller). */
+  tenant: string | null;
+  taskId: string | null;
   version: number | null;
   messageId: string;
 }
@@ -82,14 +86,17 @@ export async function readTopicsToEnd(
     });
     await consumer.run({
       eachMessage: async ({ topic, partition, message }) => {
-        const version = Number(message.headers?.['cairn-task-version']?.toString());
+        const header = (name: string) => message.headers?.[name]?.toString() || null;
+        const version = Number(header(HEADER.taskVersion));
         seen.push({
           topic,
           partition,
           offset: message.offset,
           key: message.key?.toString() ?? '',
+          tenant: header(HEADER.tenant),
+          taskId: header(HEADER.taskId),
           version: Number.isInteger(version) ? version : null,
-          messageId: message.headers?.['cairn-message-id']?.toString() ?? '',
+          messageId: header(HEADER.messageId) ?? '',
         });
         const id = `${topic}/${partition}`;
         const last = remaining.get(id);
@@ -142,9 +149,10 @@ async function lostConsumptions(
           for (const m of messages) {
             const o = BigInt(m.offset);
             if (m.topic === t.topic && m.partition === p.partition && o >= from && o < next) {
+              if (!m.taskId) continue; // a message no task change caused: nothing to hold
               lost.push({
                 groupId: c.groupId,
-                taskId: m.key,
+                taskId: m.taskId,
                 topic: m.topic,
                 partition: m.partition,
                 offset: m.offset,
@@ -183,28 +191,42 @@ export async function checkAfterFailover(
   },
 ): Promise<FailoverReport> {
   const messages = await readTopicsToEnd(kafka, o.topics);
-  const seen = new Map<string, { version: number; topic: string; messageId: string }>();
+  // The task a message's transition belongs to is its cairn-task-id with its tenant (never its
+  // key: a message may be keyed by anything, and two tenants may use the same key).
+  const seen = new Map<
+    string,
+    { taskId: string; tenant: string | null; version: number; topic: string; messageId: string }
+  >();
   for (const m of messages) {
-    if (m.key && m.version !== null && m.version > (seen.get(m.key)?.version ?? 0)) {
-      seen.set(m.key, { version: m.version, topic: m.topic, messageId: m.messageId });
+    if (!m.taskId || m.version === null) continue;
+    const id = `${m.tenant ?? ''}\u0000${m.taskId}`;
+    if (m.version > (seen.get(id)?.version ?? 0)) {
+      seen.set(id, {
+        taskId: m.taskId,
+        tenant: m.tenant,
+        version: m.version,
+        topic: m.topic,
+        messageId: m.messageId,
+      });
     }
   }
-  const stored = new Map(
-    seen.size === 0
+  const taskIds = [...new Set([...seen.values()].map((s) => s.taskId))];
+  const stored = new Map<string, number>(
+    taskIds.length === 0
       ? []
       : (
           await db
             .selectFrom('task_state')
-            .select(['task_id', 'version'])
-            .where('task_id', 'in', [...seen.keys()])
+            .select(['task_id', 'tenant_id', 'version'])
+            .where('task_id', 'in', taskIds)
             .execute()
-        ).map((r) => [r.task_id, r.version] as const),
+        ).map((r) => [`${r.tenant_id}\u0000${r.task_id}`, r.version]),
   );
   const lostTransitions: LostTransition[] = [];
-  for (const [taskId, s] of seen) {
-    const v = stored.get(taskId) ?? null;
+  for (const [id, { tenant: _t, ...s }] of seen) {
+    const v = stored.get(id) ?? null;
     if (v === null || v < s.version) {
-      lostTransitions.push({ taskId, storedVersion: v, seenVersion: s.version, ...s });
+      lostTransitions.push({ storedVersion: v, seenVersion: s.version, ...s });
     }
   }
   const applied = o.appliedEffects ?? [];

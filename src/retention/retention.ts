@@ -79,6 +79,11 @@ export interface RetentionRun {
   certificates: Certificate[];
   /** Expired tasks that were not deleted because a legal hold covers them. */
   held: string[];
+  /**
+   * Expired tasks deferred because a message of theirs has not reached the broker yet (the
+   * relay is down, or the key is parked): a later run deletes them once it has.
+   */
+  deferred: string[];
   /** Would be (dry run) or were deleted. */
   tasks: string[];
   totals: Record<string, number>;
@@ -101,7 +106,14 @@ interface Candidate {
   doc: unknown;
   data_class: DataClass;
   held: boolean;
+  unpublished: boolean;
 }
+
+/** Outbox rows of a task (by its column, or keyed by its id as rows before migration 0008 were). */
+const unpublishedOf = (tenant: string, ids: readonly string[]) => sql`
+  SELECT DISTINCT coalesce(o.task_id, o.key) AS task_id FROM outbox o
+   WHERE (o.task_id = ANY(${ids}::text[]) OR (o.task_id IS NULL AND o.key = ANY(${ids}::text[])))
+     AND coalesce(o.tenant_id, ${tenant}) = ${tenant}`;
 
 /** Terminal tasks of `tenant` past their class's retention, oldest first. */
 async function expired(db: Db | Trx, tenant: string, limit: number, exclude: string[]): Promise<Candidate[]> {
@@ -113,7 +125,10 @@ async function expired(db: Db | Trx, tenant: string, limit: number, exclude: str
         FROM task_state s JOIN task_status st ON st.status = s.status AND st.terminal
        WHERE s.tenant_id = ${tenant} AND NOT (s.task_id = ANY(${exclude}::text[]))
     )
-    SELECT t.task_id, t.status, t.version, t.doc, p.data_class, cairn_is_held(t.tenant_id, t.task_id) AS held
+    SELECT t.task_id, t.status, t.version, t.doc, p.data_class, cairn_is_held(t.tenant_id, t.task_id) AS held,
+           EXISTS (SELECT 1 FROM outbox o
+                    WHERE (o.task_id = t.task_id OR (o.task_id IS NULL AND o.key = t.task_id))
+                      AND coalesce(o.tenant_id, t.tenant_id) = t.tenant_id) AS unpublished
       FROM t JOIN retention_policy p
         ON p.tenant_id = t.tenant_id
        AND p.data_class = (CASE t.rank WHEN 2 THEN 'confidential' WHEN 1 THEN 'internal' ELSE 'public' END)
@@ -177,10 +192,8 @@ async function deleteTasks(trx: Trx, tenant: string, ids: string[]): Promise<Rec
   const byTask = sql`task_id = ANY(${ids}::text[])`;
   return {
     inbox: await del('inbox', sql`key = ANY(${ids}::text[]) AND tenant_id = ${tenant}`),
-    outbox: await del(
-      'outbox',
-      sql`key = ANY(${ids}::text[]) AND (tenant_id = ${tenant} OR tenant_id IS NULL)`,
-    ),
+    // Never a message that has not reached the broker: such tasks were deferred (above).
+    outbox: 0,
     receipts: await del('tool_receipt', byTask),
     leases: await del('task_lease', byTask),
     checkpoints: await del('checkpoint', byTask),
@@ -216,7 +229,15 @@ export async function runRetention(o: RetentionOptions): Promise<RetentionRun> {
     );
   }
   const runId = randomUUID();
-  const run: RetentionRun = { runId, dryRun: !!o.dryRun, certificates: [], held: [], tasks: [], totals: {} };
+  const run: RetentionRun = {
+    runId,
+    dryRun: !!o.dryRun,
+    certificates: [],
+    held: [],
+    deferred: [],
+    tasks: [],
+    totals: {},
+  };
   const add = (counts: Record<string, number>) => {
     for (const [k, v] of Object.entries(counts)) run.totals[k] = (run.totals[k] ?? 0) + v;
   };
@@ -236,8 +257,9 @@ export async function runRetention(o: RetentionOptions): Promise<RetentionRun> {
       const batch = await expired(db, tenant, batchSize, skip);
       const held = batch.filter((c) => c.held);
       run.held.push(...held.map((c) => c.task_id));
+      run.deferred.push(...batch.filter((c) => !c.held && c.unpublished).map((c) => c.task_id));
       skip.push(...batch.map((c) => c.task_id)); // in a dry run (or after a refusal) move on
-      const due = batch.filter((c) => !c.held);
+      const due = batch.filter((c) => !c.held && !c.unpublished);
       if (batch.length === 0) break;
       if (due.length === 0) continue;
       if (o.dryRun) {
@@ -247,10 +269,19 @@ export async function runRetention(o: RetentionOptions): Promise<RetentionRun> {
       try {
         const cert = await db.transaction().execute(async (trx) => {
           await sql`SET LOCAL cairn.retention = 'on'`.execute(trx);
-          const ids = due.map((c) => c.task_id);
-          await sql`SELECT 1 FROM task_state WHERE task_id = ANY(${ids}::text[]) FOR UPDATE`.execute(trx);
+          const locked = due.map((c) => c.task_id);
+          await sql`SELECT 1 FROM task_state WHERE task_id = ANY(${locked}::text[]) FOR UPDATE`.execute(trx);
+          // Looked again under the lock: a message enqueued since the batch was chosen defers its task.
+          const late = new Set(
+            (await unpublishedOf(tenant, locked).execute(trx)).rows.map(
+              (r) => (r as { task_id: string }).task_id,
+            ),
+          );
+          run.deferred.push(...late);
+          const ids = locked.filter((id) => !late.has(id));
+          if (ids.length === 0) return undefined;
           const tasks: DeletedTask[] = [];
-          for (const c of due) tasks.push(await describe(trx, tenant, c));
+          for (const c of due) if (!late.has(c.task_id)) tasks.push(await describe(trx, tenant, c));
           const deleted = await deleteTasks(trx, tenant, ids);
           await o.hooks?.afterDeletes?.(ids);
           const body = {
@@ -280,6 +311,7 @@ export async function runRetention(o: RetentionOptions): Promise<RetentionRun> {
             .execute();
           return certificate;
         });
+        if (!cert) continue;
         run.certificates.push(cert);
         run.tasks.push(...cert.body.tasks.map((t) => t.task_id));
         add(cert.body.totals);

@@ -116,6 +116,9 @@ beforeAll(async () => {
   await finishedTask('held-1', 'ret-a');
   await finishedTask('open-1', 'ret-a', { end: false }); // not finished: never expires
   await finishedTask('b-1', 'ret-b'); // ret-b has no policy: kept
+  await finishedTask('unpub-1', 'ret-a'); // finished, but its message never reached the broker
+  // The relay published every other task's messages (it deletes what the broker acked).
+  await t.db.deleteFrom('outbox').where('key', '<>', 'unpub-1').execute();
   await setRetentionPolicy(t.db, { tenantId: 'ret-a', dataClass: 'internal', retainDays: 0 });
   await setRetentionPolicy(t.db, { tenantId: 'ret-a', dataClass: 'confidential', retainDays: 30 });
   await placeHold(t.db, { taskId: 'held-1', reason: 'litigation 2026-117', actor: OPERATOR });
@@ -149,7 +152,7 @@ describe('retention, deletion certificates and legal hold', () => {
       task_audit: 3,
       checkpoint: 3,
       tool_receipt: 1,
-      outbox: 1,
+      outbox: 0,
       inbox: 1,
       task_annotation: 1,
     });
@@ -160,9 +163,12 @@ describe('retention, deletion certificates and legal hold', () => {
     const run = await runRetention({ db: t.db, actor: OPERATOR, batchSize: 1 });
     expect(run.tasks.sort()).toEqual(['old-1', 'old-2']);
     expect(run.held).toEqual(['held-1']);
+    // Never delete a message that has not reached the broker: the task waits for the relay.
+    expect(run.deferred).toEqual(['unpub-1']);
     expect(run.certificates).toHaveLength(2); // one per batch, each committed with its deletes
     const after = await everything();
-    expect(Object.keys(after).sort()).toEqual(['b-1', 'conf-1', 'held-1', 'open-1']);
+    expect(Object.keys(after).sort()).toEqual(['b-1', 'conf-1', 'held-1', 'open-1', 'unpub-1']);
+    expect(after['unpub-1']).toMatchObject({ task_state: 1, outbox: 1 });
     for (const id of Object.keys(after)) expect(after[id]).toEqual(before[id]);
     for (const id of ['old-1', 'old-2'])
       expect(Object.values(await footprint(id)).every((n) => n === 0)).toBe(true);
