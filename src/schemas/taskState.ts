@@ -53,7 +53,14 @@ export const TaskId = z
   .regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$/, { message: 'must be 1-200 of A-Z a-z 0-9 . _ : -' });
 const AgentId = z.string().min(1).max(200);
 const Sha256Digest = z.string().regex(/^sha256:[0-9a-f]{64}$/, { message: 'must be sha256:<64 hex digits>' });
-const Pointer = z.string().min(1).max(2048);
+/** A pointer to an artifact, or (as stored) its envelope when the artifact is confidential (src/state/fieldCrypto.ts). */
+const Pointer = z.union([
+  z.string().min(1).max(2048),
+  z
+    .string()
+    .max(4096)
+    .regex(/^cairn:enc:v1:[A-Za-z0-9_.-]{1,128}:[A-Za-z0-9_-]+$/),
+]);
 
 export const Gates = z.strictObject(
   Object.fromEntries(GATES.map((g) => [g, z.boolean()])) as Record<GateName, z.ZodBoolean>,

@@ -1,6 +1,8 @@
 import { z } from 'zod';
 import { boundaryOf } from '../checkpoints/boundaries.js';
 import type { Checkpointer, TakeCheckpointInput } from '../checkpoints/checkpoints.js';
+import type { Classification } from '../checkpoints/classification.js';
+import type { TenantKeys } from '../crypto/tenantKeys.js';
 import { assertNoCredentials } from '../checkpoints/secrets.js';
 import type { Db } from '../db/database.js';
 import { type Executor, inTransaction, type Trx } from '../db/executor.js';
@@ -22,6 +24,7 @@ import {
 } from '../schemas/taskState.js';
 import { zodIssues } from '../schemas/zodIssues.js';
 import { parseStoredTaskState } from './parseStored.js';
+import { createFieldCrypto } from './fieldCrypto.js';
 import { diff } from './replay.js';
 import { assertChangeAllowed } from './rules.js';
 import { casUpdate } from './sql/casUpdate.js';
@@ -39,6 +42,14 @@ const StoreOptions = z.strictObject({
   outbox: z.custom<Outbox>().optional(),
   /** Takes checkpoints at semantic boundaries, in the transaction of the change. */
   checkpointer: z.custom<Checkpointer>().optional(),
+  /**
+   * Tenant data keys: confidential artifacts are then stored encrypted in the task document
+   * and its audit log (src/state/fieldCrypto.ts), classified by `classification`
+   * (DEFAULT_CLASSIFICATION: every artifact confidential).
+   */
+  keys: z.custom<TenantKeys>((v) => typeof v === 'object' && v !== null).optional(),
+  /** Field classes of the task document; without keys, a confidential artifact is refused. */
+  classification: z.custom<Classification>((v) => typeof v === 'object' && v !== null).optional(),
 });
 export type TaskStoreOptions = z.input<typeof StoreOptions>;
 
@@ -95,10 +106,25 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
   const log = (o.logger ?? silentLogger).child({ component: 'task-store' });
   const outbox = o.outbox ?? createOutbox();
 
-  const recent = new Map<string, TaskState>();
-  function remember(state: TaskState): void {
-    recent.delete(state.task_id);
-    recent.set(state.task_id, state);
+  const fields =
+    o.keys || o.classification
+      ? createFieldCrypto({
+          ...(o.keys ? { keys: o.keys } : {}),
+          ...(o.classification ? { classification: o.classification } : {}),
+        })
+      : undefined;
+  const seal = (ex: Executor, next: TaskState, prev?: Known) => (fields ? fields.seal(ex, next, prev) : next);
+  const open = (ex: Executor, stored: TaskState) => (fields ? fields.open(ex, stored) : stored);
+
+  /** A document as this store knows it: what it stored, and its plaintext (the same without field encryption). */
+  interface Known {
+    stored: TaskState;
+    plain: TaskState;
+  }
+  const recent = new Map<string, Known>();
+  function remember(plain: TaskState, stored: TaskState): void {
+    recent.delete(plain.task_id);
+    recent.set(plain.task_id, { plain, stored });
     if (recent.size > o.cacheSize) recent.delete(recent.keys().next().value as string);
   }
 
@@ -139,6 +165,8 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
           updated_at: now,
           updated_by: actor,
         });
+        fields?.assertNotCopied(state, 'reason', reason ?? '');
+        const stored = await seal(t, state);
         try {
           await t
             .insertInto('task_state')
@@ -148,7 +176,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
               version: 1,
               schema_version: TASK_STATE_V2,
               status: state.status,
-              doc: JSON.stringify(state),
+              doc: JSON.stringify(stored),
             })
             .execute();
         } catch (err) {
@@ -163,19 +191,21 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
           }
           throw err;
         }
-        await insertAudit(t, state, null, actor, reason ?? 'created', diff({}, state));
+        await insertAudit(t, state, null, actor, reason ?? 'created', diff({}, stored));
         if (o.checkpointer) await o.checkpointer.take(t, { state, reason: 'task created', createdBy: actor });
         log.debug({ task_id: state.task_id, version: 1 }, 'task created');
-        remember(state);
+        if (!trx) remember(state, stored);
         return state;
       });
     },
 
     async get(taskId, opts = {}) {
-      const row = await readRow(opts.trx ?? o.db, taskId);
+      const ex = opts.trx ?? o.db;
+      const row = await readRow(ex, taskId);
       if (!row) return undefined;
-      const state = parseStoredTaskState(row);
-      if (row.doc.schema_version === TASK_STATE_V2) remember(state);
+      const stored = parseStoredTaskState(row);
+      const state = await open(ex, stored);
+      if (row.doc.schema_version === TASK_STATE_V2) remember(state, stored);
       return state;
     },
 
@@ -185,16 +215,18 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       const ex = input.trx ?? o.db;
       // The last document this store wrote or read for the task saves a round trip; the CAS
       // checks its version and updated_at, so a stale copy can only cause a stale result.
-      let prev = recent.get(input.taskId);
-      let storedDoc: unknown = prev;
-      if (!prev || prev.version !== input.expectedVersion) {
+      let known = recent.get(input.taskId);
+      let storedDoc: unknown = known?.stored;
+      if (!known || known.plain.version !== input.expectedVersion) {
         const row = await readRow(ex, input.taskId);
         if (!row) throw new NotFoundError('task', input.taskId);
         if (row.version !== input.expectedVersion)
           return stale(input.taskId, input.expectedVersion, row.version);
-        prev = parseStoredTaskState(row);
+        const stored = parseStoredTaskState(row);
+        known = { stored, plain: await open(ex, stored) };
         storedDoc = row.doc;
       }
+      const prev = known.plain;
       const next = parse(`task ${input.taskId} after the patch`, TaskStateV2, {
         ...prev,
         ...patch,
@@ -208,6 +240,17 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       checkWriteOnce(prev, next);
       assertNoCredentials(`task ${input.taskId}`, patch);
       assertChangeAllowed(prev, next, { reason: input.reason, requiredGates: o.requiredGates });
+      if (fields) {
+        fields.assertNotCopied(next, 'reason', input.reason ?? '');
+        input.messages?.forEach((m, i) =>
+          fields.assertNotCopied(
+            next,
+            `outbox message [${i}]`,
+            `${Buffer.isBuffer(m.payload) ? m.payload.toString('utf8') : JSON.stringify(m.payload)}\n${JSON.stringify(m.headers ?? {})}`,
+          ),
+        );
+      }
+      const nextStored = await seal(ex, next, known);
 
       const cas = (on: Executor) =>
         casUpdate(on, {
@@ -216,9 +259,13 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
           expectedUpdatedAt: prev.updated_at,
           status: next.status,
           schemaVersion: TASK_STATE_V2,
-          doc: next,
+          doc: nextStored,
           // Against the document as stored: for a v1 row the patch shows the upgrade too.
-          audit: { actor: input.actor, reason: input.reason ?? null, patch: diff(storedDoc as object, next) },
+          audit: {
+            actor: input.actor,
+            reason: input.reason ?? null,
+            patch: diff(storedDoc as object, nextStored),
+          },
         });
       let swapped: boolean;
       let messageIds: string[] = [];
@@ -268,7 +315,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
         const current = await readRow(ex, input.taskId);
         return stale(input.taskId, input.expectedVersion, current?.version);
       }
-      if (!input.trx) remember(next); // a caller's transaction may still roll back
+      if (!input.trx) remember(next, nextStored); // a caller's transaction may still roll back
       log.debug({ task_id: next.task_id, version: next.version, status: next.status }, 'task updated');
       return { ok: true as const, state: next, messageIds };
     },
