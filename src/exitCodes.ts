@@ -20,6 +20,5 @@ export const ExitCode = {
 export function exitCodeFor(err: unknown): number {
   if (!(err instanceof CairnError)) return ExitCode.failed;
   if (err.code === 'configuration') return ExitCode.configuration;
-  if (err.code === 'unavailable') return ExitCode.unavailable;
   return ExitCode.failed;
 }

@@ -12,6 +12,9 @@ export async function parkKey(
       VALUES (${p.tenant ?? ''}, ${p.topic}, ${p.key}, ${p.messageId}::uuid, ${p.error})
       ON CONFLICT (tenant, topic, key) DO NOTHING
     )
-    UPDATE outbox SET attempts = attempts + 1, last_error = ${p.error} WHERE id = ${p.id}
+    -- A row whose headers break the CHECK (written before it existed) cannot be updated at
+    -- all: the park alone holds its key, and the error is on the parked key.
+    UPDATE outbox SET attempts = attempts + 1, last_error = ${p.error}
+     WHERE id = ${p.id} AND cairn_headers_ok(headers)
   `.execute(db);
 }

@@ -309,6 +309,10 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
         .executeTakeFirst();
       if (!claimed) return store.runOnce(input); // someone else moved it: look again
       await options.hooks?.afterCompensationClaim?.();
+      // The worker of the effect may have reported success meanwhile (the receipt is then
+      // gated with that conflict): do not undo what a human now has to look at.
+      const still = await load(row.idempotency_key, input.taskId);
+      if (still?.status !== 'compensating') return settled(input, still ?? { ...row, status: 'gated' });
     }
     const compensation = await store.runOnce({
       taskId: input.taskId,

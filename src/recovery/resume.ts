@@ -121,7 +121,8 @@ async function resumeHolding(taskId: string, o: ResumeOptions, lease: Lease): Pr
     if (v.unavailable) {
       throw new UnavailableError(
         `task ${taskId}: checkpoint ${all[i]!.checkpoint.checkpoint_id} cannot be checked now (${v.reason}); ` +
-          'resume stopped and wrote nothing: restore the key or its provider and run it again',
+          'resume stopped and wrote nothing: restore the key or its provider and run it again ' +
+          '(a tenant that was crypto-shredded can never be read again: cancel its tasks instead)',
       );
     }
     skipped.push({ checkpointId: all[i]!.checkpoint.checkpoint_id, reason: v.reason });
