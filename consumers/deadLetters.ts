@@ -4,6 +4,7 @@ import type { Db } from '../src/db/database.js';
 import { CairnError, NotFoundError, ValidationError } from '../src/errors.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import { parseOptions } from '../src/options.js';
+import { HEADER } from '../src/outbox/wire.js';
 
 /**
  * Kafka allows nearly any group id and Cairn keeps foreign message ids as given, so this only
@@ -121,7 +122,12 @@ export async function replayDeadLetter(
         topic: row.topic,
         key: row.key ?? row.message_id,
         value: row.payload ?? Buffer.alloc(0),
-        headers: row.headers,
+        // Cairn's own headers as the row's columns say, whatever the stored copy holds.
+        headers: {
+          ...row.headers,
+          [HEADER.messageId]: row.message_id,
+          ...(row.tenant_id ? { [HEADER.tenant]: row.tenant_id } : {}),
+        },
       },
     ]);
   } finally {

@@ -49,7 +49,7 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     -- Tenancy by login role.
     ALTER TABLE tenant ADD COLUMN role_name text UNIQUE;
 
-    CREATE FUNCTION cairn_current_tenant() RETURNS text LANGUAGE sql STABLE
+    CREATE FUNCTION cairn_current_tenant() RETURNS text LANGUAGE sql STABLE SECURITY DEFINER
       SET search_path = pg_catalog, public, pg_temp AS $fn$
       SELECT tenant_id FROM public.tenant WHERE role_name = session_user
     $fn$;
@@ -76,7 +76,7 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     $fn$;
 
     -- Is the writer an application role (cairn_app or a tenant's role), rather than the owner or an operator?
-    CREATE FUNCTION cairn_is_app_role() RETURNS boolean LANGUAGE sql STABLE
+    CREATE FUNCTION cairn_is_app_role() RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER
       SET search_path = pg_catalog, public, pg_temp AS $fn$
       SELECT session_user::text = 'cairn_app' OR EXISTS (SELECT 1 FROM public.tenant WHERE role_name = session_user)
     $fn$;
@@ -270,8 +270,54 @@ export async function up(db: Kysely<unknown>): Promise<void> {
   }
 
   await sql`
-    REVOKE DELETE ON inbox FROM cairn_app;
+    -- What an application role may write is what the library writes for a tenant, nothing
+    -- more; the triggers above guard inserts, and these grants keep updates from moving a
+    -- row to another tenant's task (found by review: a lease or an outbox row re-pointed).
+    -- Consumers, the relay, retention and operators run as the owner.
+    REVOKE INSERT, UPDATE, DELETE ON inbox, inbox_key_version, inbox_dlq FROM cairn_app;
+    REVOKE UPDATE ON outbox, task_lease, tool_receipt FROM cairn_app;
+    GRANT UPDATE (holder, lease_id, fencing_token, acquired_at, expires_at) ON task_lease TO cairn_app;
+    GRANT UPDATE (status, attempt, worker, lease_task_id, lease_branch, lease_id, fencing_token, result,
+                  result_digest, result_enc, result_key_id, error, resolution, started_at, finished_at)
+      ON tool_receipt TO cairn_app;
+    -- The tenant list (and role names) is the owner's: a tenant learns its own through functions.
+    REVOKE SELECT ON tenant FROM cairn_app;
     GRANT SELECT ON receipt_transition TO cairn_app;
+
+    CREATE FUNCTION cairn_tenant_role(p_tenant text) RETURNS text LANGUAGE sql STABLE SECURITY DEFINER
+      SET search_path = pg_catalog, public, pg_temp AS $fn$
+      SELECT role_name FROM public.tenant WHERE tenant_id = p_tenant
+    $fn$;
+
+    -- A lease keeps its task and tenant, and its fencing token never goes down.
+    CREATE FUNCTION cairn_lease_guard() RETURNS trigger LANGUAGE plpgsql
+      SET search_path = pg_catalog, public, pg_temp AS $fn$
+    BEGIN
+      IF NEW.task_id <> OLD.task_id OR NEW.branch <> OLD.branch OR NEW.tenant_id IS DISTINCT FROM OLD.tenant_id THEN
+        RAISE EXCEPTION 'lease %/%: its task, branch and tenant never change', OLD.task_id, OLD.branch
+          USING ERRCODE = 'CN010';
+      END IF;
+      IF NEW.fencing_token < OLD.fencing_token THEN
+        RAISE EXCEPTION 'lease %/%: the fencing token only grows (% -> % refused)', OLD.task_id, OLD.branch,
+          OLD.fencing_token, NEW.fencing_token USING ERRCODE = 'CN010';
+      END IF;
+      RETURN NEW;
+    END
+    $fn$;
+    CREATE TRIGGER task_lease_guard BEFORE UPDATE ON task_lease FOR EACH ROW EXECUTE FUNCTION cairn_lease_guard();
+
+    -- The document's identity is the row's.
+    ALTER TABLE task_state ADD CONSTRAINT task_state_doc_identity CHECK (
+      doc->>'task_id' = task_id AND (doc->>'tenant_id' IS NULL OR doc->>'tenant_id' = tenant_id)) NOT VALID;
+
+    -- A tenant asks about holds on its own tasks only.
+    CREATE OR REPLACE FUNCTION cairn_is_held(p_tenant text, p_task text) RETURNS boolean LANGUAGE sql STABLE
+      SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $fn$
+      SELECT (NOT public.cairn_is_app_role() OR p_tenant = public.cairn_current_tenant())
+         AND EXISTS (SELECT 1 FROM public.legal_hold
+                      WHERE released_at IS NULL AND tenant_id = p_tenant
+                        AND (task_id IS NULL OR task_id = p_task))
+    $fn$;
   `.execute(db);
   // Tenants registered before this migration get their role now.
   await sql`SELECT cairn_register_tenant(tenant_id) FROM tenant`.execute(db);

@@ -1,4 +1,4 @@
-import { createCheckpointer, type Checkpointer } from '../checkpoints/checkpoints.js';
+import { type Checkpointer, createCheckpointer } from '../checkpoints/checkpoints.js';
 import type { KeyRing } from '../checkpoints/signing.js';
 import { localKeyring } from '../crypto/keyProvider.js';
 import { createTenantKeys, type TenantKeys } from '../crypto/tenantKeys.js';

@@ -1,6 +1,6 @@
 import { parseArgs } from 'node:util';
-import { createTaskStore } from '../state/taskStore.js';
 import { ExitCode } from '../exitCodes.js';
+import { createTaskStore } from '../state/taskStore.js';
 import { checkpointerFromEnv } from './checkpointKeys.js';
 import { withDb } from './withDb.js';
 

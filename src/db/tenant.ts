@@ -84,11 +84,10 @@ class TenantDriver implements Driver {
     private readonly login: TenantLogin,
   ) {}
   async init() {
-    const row = await this.parent
-      .selectFrom('tenant')
-      .select('role_name')
-      .where('tenant_id', '=', this.tenant)
-      .executeTakeFirst();
+    // Through a function: the tenant list itself is the owner's.
+    const { rows } = await sql<{ role_name: string | null }>`
+      SELECT cairn_tenant_role(${this.tenant}) AS role_name`.execute(this.parent);
+    const row = rows[0];
     if (!row?.role_name) {
       throw new CairnError(
         'unknown_tenant',

@@ -173,7 +173,7 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
       .returning('receipt_id')
       .executeTakeFirst();
     if (recorded) return { ...ref, status: 'succeeded', result, ran: true };
-    return lateSuccess(input, ref, attempt);
+    return lateSuccess(input, ref, attempt, result);
   }
 
   /**
@@ -186,6 +186,7 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
     input: RunOnceInput<T>,
     ref: Ref,
     attempt: number,
+    result: T,
   ): Promise<RunOnceResult<T>> {
     const conflict = await db
       .updateTable('tool_receipt')
@@ -206,6 +207,15 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
       );
       return { ...ref, status: 'gated' };
     }
+    // Already waiting for a human: tell them what this worker knows (the effect did run).
+    await db
+      .updateTable('tool_receipt')
+      .set({
+        resolution: sql<string>`coalesce(resolution, '') || ${`; attempt ${attempt} later reported success (result digest ${digestOf(result)})`}`,
+      })
+      .where('receipt_id', '=', ref.receiptId)
+      .where('status', '=', 'gated')
+      .execute();
     const now = await load(ref.idempotencyKey, input.taskId);
     log.warn(
       { task_id: input.taskId, receipt_id: ref.receiptId, attempt, status: now?.status },

@@ -222,8 +222,12 @@ export async function checkAfterFailover(
             .execute()
         ).map((r) => [`${r.tenant_id}\u0000${r.task_id}`, r.version]),
   );
+  const tenantOf = new Map([...stored.keys()].map((k) => [k.split('\u0000')[1]!, k.split('\u0000')[0]!]));
   const lostTransitions: LostTransition[] = [];
-  for (const [id, { tenant: _t, ...s }] of seen) {
+  for (const [id, { tenant, ...s }] of seen) {
+    // A task that exists under another tenant is not this message's: never hold it for a lie.
+    const owner = tenantOf.get(s.taskId);
+    if (owner !== undefined && owner !== (tenant ?? '')) continue;
     const v = stored.get(id) ?? null;
     if (v === null || v < s.version) {
       lostTransitions.push({ storedVersion: v, seenVersion: s.version, ...s });

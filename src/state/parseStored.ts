@@ -29,6 +29,24 @@ export function parseStoredTaskState(row: {
       },
     ]);
   }
+  // The document's identity is the row's (a CHECK says so since migration 0008; rows from
+  // before it are checked here): a document naming another task or tenant is refused.
+  const ids = doc as { task_id?: unknown; tenant_id?: unknown } | null;
+  for (const [field, expected] of [
+    ['task_id', row.task_id],
+    ['tenant_id', row.tenant_id],
+  ] as const) {
+    const got = ids?.[field];
+    if (got !== undefined && got !== expected) {
+      throw new ValidationError(`stored task ${row.task_id}`, [
+        {
+          path: field,
+          message: `the document says ${String(got)} but the row says ${expected}: the row was changed outside Cairn`,
+          value: got,
+        },
+      ]);
+    }
+  }
   const version = doc?.schema_version;
   if (version === TASK_STATE_V2) {
     const r = TaskStateV2.safeParse(doc);

@@ -2,8 +2,8 @@ import { z } from 'zod';
 import { boundaryOf } from '../checkpoints/boundaries.js';
 import type { Checkpointer, TakeCheckpointInput } from '../checkpoints/checkpoints.js';
 import type { Classification } from '../checkpoints/classification.js';
-import type { TenantKeys } from '../crypto/tenantKeys.js';
 import { assertNoCredentials } from '../checkpoints/secrets.js';
+import type { TenantKeys } from '../crypto/tenantKeys.js';
 import type { Db } from '../db/database.js';
 import { type Executor, inTransaction, type Trx } from '../db/executor.js';
 import { mapSqlError, SqlState, sqlState } from '../db/sqlstate.js';
@@ -23,8 +23,8 @@ import {
   TaskStateV2,
 } from '../schemas/taskState.js';
 import { zodIssues } from '../schemas/zodIssues.js';
-import { parseStoredTaskState } from './parseStored.js';
 import { createFieldCrypto } from './fieldCrypto.js';
+import { parseStoredTaskState } from './parseStored.js';
 import { diff } from './replay.js';
 import { assertChangeAllowed } from './rules.js';
 import { casUpdate } from './sql/casUpdate.js';
