@@ -305,6 +305,56 @@ describe("a tenant's own SQL on its own connection", () => {
     expect(claimed.filter((r) => r.topic === 'parked').map((r) => r.id)).toEqual([bRow.id]);
   });
 
+  it('cannot re-point its own rows at another tenant after insert, nor write what consumers trust (review findings)', async () => {
+    const denied = /permission denied|never change|violates check constraint/;
+    // A lease of its own task, moved onto B's task.
+    await sql`INSERT INTO task_lease (task_id, branch, holder, lease_id, fencing_token, expires_at)
+              VALUES ('a-2', 'side', 'w', gen_random_uuid(), 1, now() + interval '1 hour')`.execute(asA);
+    await expect(
+      sql`UPDATE task_lease SET task_id = 'b-2' WHERE task_id = 'a-2'`.execute(asA),
+    ).rejects.toThrow(denied);
+    await expect(
+      sql`UPDATE task_lease SET fencing_token = 0 WHERE task_id = 'a-2' AND branch = 'side'`.execute(asA),
+    ).rejects.toThrow(/only grows/);
+    // An outbox row of its own, re-pointed at B's task after the insert check.
+    await expect(sql`UPDATE outbox SET task_id = 'b-1', task_version = 999`.execute(asA)).rejects.toThrow(
+      denied,
+    );
+    // Rows consumers and operators trust: inbox, key versions, dead letters (replayed with their headers).
+    await expect(
+      sql`INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset") VALUES ('billing', 'x', 't', 0, 0)`.execute(
+        asA,
+      ),
+    ).rejects.toThrow(denied);
+    await expect(
+      sql`INSERT INTO inbox_key_version (consumer_group, key, version) VALUES ('billing', 'a-1', 99)`.execute(
+        asA,
+      ),
+    ).rejects.toThrow(denied);
+    await expect(
+      sql`INSERT INTO inbox_dlq (consumer_group, message_id, topic, partition, "offset", headers, error, attempts)
+          VALUES ('billing', 'x', 't', 0, 0, '{"cairn-tenant":"tenant-b"}', 'e', 1)`.execute(asA),
+    ).rejects.toThrow(denied);
+    // A document naming another tenant than its row.
+    await expect(
+      sql`UPDATE task_state SET version = version + 1, doc = jsonb_set(doc, '{tenant_id}', '"tenant-b"')
+          WHERE task_id = 'a-2'`.execute(asA),
+    ).rejects.toThrow(/task_state_doc_identity/);
+    // The tenant list is the owner's; holds are answered for one's own tasks only.
+    await expect(sql`SELECT tenant_id FROM tenant`.execute(asA)).rejects.toThrow(denied);
+    await sql`INSERT INTO legal_hold (hold_id, tenant_id, task_id, reason, placed_by)
+              VALUES (gen_random_uuid(), 'tenant-b', 'b-3', 'litigation', 'legal')`.execute(t.db);
+    const held = await sql<{ h: boolean }>`SELECT cairn_is_held('tenant-b', 'b-3') AS h`.execute(asA);
+    expect(held.rows[0]!.h).toBe(false);
+    const lease = await createLeaseManager({ db: asB }).acquire({
+      taskId: 'b-2',
+      branch: 'side',
+      agentId: 'b-worker',
+      ttlSeconds: 30,
+    });
+    expect(lease.ok).toBe(true);
+  });
+
   it('a connection released in an aborted transaction leaks nothing to the application pool', async () => {
     await asA
       .connection()
