@@ -62,6 +62,8 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       r text := 'cairn_' || left(md5(current_database()), 6) || '_'
                 || left(md5(current_database() || '/' || p_tenant), 8) || '_' || left(p_tenant, 38);
     BEGIN
+      -- GRANT rewrites the database's row: two registrations at once would collide on it.
+      PERFORM pg_advisory_xact_lock(hashtext('cairn_register_tenant'));
       INSERT INTO public.tenant (tenant_id) VALUES (p_tenant) ON CONFLICT DO NOTHING;
       IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
         BEGIN

@@ -99,7 +99,7 @@ export async function holdCommand(argv: string[]): Promise<number> {
     if (sub === 'place') {
       const h = await placeHold(db, { ...target, reason: values.reason ?? '', actor: values.actor! });
       console.log(
-        `hold ${h.holdId} on ${h.taskId ? `task ${h.taskId}` : `tenant ${h.tenantId}`}: ${h.reason}`,
+        `${h.created ? 'hold' : 'already held:'} ${h.holdId} on ${h.taskId ? `task ${h.taskId}` : `tenant ${h.tenantId}`}: ${h.reason}`,
       );
       return 0;
     }

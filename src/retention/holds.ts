@@ -1,4 +1,6 @@
 import { randomUUID } from 'node:crypto';
+import { sql } from 'kysely';
+import { v5 as uuidv5 } from 'uuid';
 import type { Db } from '../db/database.js';
 import { assertTenantKnown } from '../db/tenant.js';
 import { NotFoundError, ValidationError } from '../errors.js';
@@ -28,7 +30,7 @@ const required = (field: string, value: unknown): string => {
 export async function placeHold(
   db: Db,
   h: { tenantId?: string; taskId?: string; reason: string; actor: string },
-): Promise<Hold> {
+): Promise<Hold & { created: boolean }> {
   const reason = required('reason', h.reason);
   const actor = required('actor', h.actor);
   let tenantId = h.tenantId;
@@ -52,18 +54,40 @@ export async function placeHold(
     ]);
   }
   await assertTenantKnown(db, tenantId);
-  const row = await db
-    .insertInto('legal_hold')
-    .values({
-      hold_id: randomUUID(),
-      tenant_id: tenantId,
-      task_id: h.taskId ?? null,
-      reason,
-      placed_by: actor,
-    })
-    .returningAll()
-    .executeTakeFirstOrThrow();
+  const tenant = tenantId;
+  // Placing the same hold again (an operator repeating the command, or rerunning it after it
+  // was killed) returns the active hold instead of adding a second one.
+  const row = await db.transaction().execute(async (trx) => {
+    await sql`SELECT pg_advisory_xact_lock(hashtext(${`cairn.hold:${tenant}:${h.taskId ?? ''}`}))`.execute(
+      trx,
+    );
+    let existing = trx
+      .selectFrom('legal_hold')
+      .selectAll()
+      .where('tenant_id', '=', tenant)
+      .where('reason', '=', reason)
+      .where('released_at', 'is', null);
+    existing =
+      h.taskId !== undefined
+        ? existing.where('task_id', '=', h.taskId)
+        : existing.where('task_id', 'is', null);
+    const found = await existing.executeTakeFirst();
+    if (found) return { ...found, created: false };
+    const placed = await trx
+      .insertInto('legal_hold')
+      .values({
+        hold_id: randomUUID(),
+        tenant_id: tenant,
+        task_id: h.taskId ?? null,
+        reason,
+        placed_by: actor,
+      })
+      .returningAll()
+      .executeTakeFirstOrThrow();
+    return { ...placed, created: true };
+  });
   return {
+    created: row.created,
     holdId: row.hold_id,
     tenantId: row.tenant_id,
     taskId: row.task_id,
@@ -108,6 +132,8 @@ export async function listHolds(db: Db, o: { tenantId?: string; all?: boolean } 
   }));
 }
 
+const ANNOTATION_NAMESPACE = 'a4e2d3c1-6b5f-4f0e-9d8c-7b6a5e4d3c2b';
+
 /**
  * A correction to a task's record, held or not: append-only (the table refuses UPDATE and
  * DELETE), with who and when. The task's own state and audit log are never rewritten.
@@ -121,10 +147,13 @@ export async function annotate(db: Db, a: { taskId: string; author: string; body
     .where('task_id', '=', a.taskId)
     .executeTakeFirst();
   if (!task) throw new NotFoundError('task', a.taskId);
-  const id = randomUUID();
+  // The same correction by the same author is one annotation: its id comes from what it says,
+  // so running the command again (or after it was killed) adds nothing.
+  const id = uuidv5(`${a.taskId}\u0000${author}\u0000${body}`, ANNOTATION_NAMESPACE);
   await db
     .insertInto('task_annotation')
     .values({ annotation_id: id, tenant_id: task.tenant_id, task_id: a.taskId, author, body })
+    .onConflict((c) => c.column('annotation_id').doNothing())
     .execute();
   return id;
 }

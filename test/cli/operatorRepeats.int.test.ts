@@ -20,10 +20,10 @@
  *   hold however often it ran (every earlier key kept byte for byte, the current one new,
  *   the file valid, no stray file); the test also states that a second run added one more.
  * - `annotate` and `hold place`: the record is append-only, so a repeated command (the
- *   operator saw no output because the first run was killed after its commit) leaves a
- *   duplicate that can never be removed. Same result means one annotation / one active hold
- *   with that author (actor) and body (reason). They fail today (issue 14): the fix is an
- *   idempotency key or a uniqueness rule, not something a test can paper over.
+ *   operator saw no output because the first run was killed after its commit) must not leave
+ *   a duplicate that can never be removed. Same result means one annotation / one active hold
+ *   with that author (actor) and body (reason): an annotation's id comes from what it says,
+ *   and placing an active hold again returns it ("already held").
  *
  * The CLI is bundled once with esbuild (as test/support/processes.ts bundles its children)
  * and run as `node <bundle> ...`: under `npx tsx` the work runs in a grandchild that a
@@ -156,21 +156,9 @@ async function startAndKill(
 
 // ---- fixtures ------------------------------------------------------------------------------
 
-/**
- * Registering a tenant grants CONNECT on the database: two registrations at once fail with
- * Postgres's "tuple concurrently updated" (see the report on issue 14), so the cases that
- * register tenants in one database take turns.
- */
-let turn: Promise<unknown> = Promise.resolve();
-function oneAtATime<T>(fn: () => Promise<T>): Promise<T> {
-  const next = turn.then(fn, fn);
-  turn = next.catch(() => {});
-  return next;
-}
-
 async function tenant(db: Db = t.db): Promise<string> {
   const id = `rep-${suffix()}`;
-  await oneAtATime(() => registerTenant(db, id));
+  await registerTenant(db, id);
   return id;
 }
 
@@ -216,8 +204,6 @@ interface Case<S> {
   killPoint?(scope: S): Promise<boolean>;
   /** After the kill, before the run to completion (e.g. the killed run's lease expires). */
   afterKill?(scope: S): Promise<void>;
-  /** Its runs register a tenant in the shared database: they take turns (see oneAtATime). */
-  registersTenant?: boolean;
   /** Further checks on the two runs of the same setup. */
   twice?(scope: S, first: Run, second: Run): Promise<void> | void;
 }
@@ -532,7 +518,6 @@ const cases: Array<Case<unknown>> = [
 
   row<{ tenant: string }>({
     command: 'tenant add',
-    registersTenant: true,
     async setup() {
       const id = `rep-${suffix()}`;
       return { args: ['tenant', 'add', id], scope: { tenant: id } };
@@ -558,7 +543,7 @@ const cases: Array<Case<unknown>> = [
     command: 'tenant shred',
     async setup() {
       const id = `rep-${suffix()}`;
-      await oneAtATime(() => createTenantKeys({ db: t.db, provider: localKeyring(keyring) }).addTenant(id));
+      await createTenantKeys({ db: t.db, provider: localKeyring(keyring) }).addTenant(id);
       return { args: ['tenant', 'shred', id, '--yes'], scope: { tenant: id } };
     },
     async fingerprint({ tenant: id }) {
@@ -753,7 +738,7 @@ const cases: Array<Case<unknown>> = [
         .execute();
     },
     first: { code: 0, out: /^hold [0-9a-f-]{36} on task rep-task-\w+: litigation 2026-17\n$/ },
-    second: {},
+    second: { code: 0, out: /^already held: [0-9a-f-]{36} on task rep-task-\w+: litigation 2026-17\n$/ },
   }),
 
   row<{ taskId: string }>({
@@ -791,7 +776,7 @@ const cases: Array<Case<unknown>> = [
         .execute();
     },
     first: { code: 0, out: /^annotation [0-9a-f-]{36} added to rep-task-\w+\n$/ },
-    second: {},
+    second: { code: 0, out: /^annotation [0-9a-f-]{36} added to rep-task-\w+\n$/ },
   }),
 ];
 
@@ -838,8 +823,7 @@ const describeRun = (r: Run) =>
 describe.concurrent('a cairn command run twice, or SIGKILLed and run again, leaves the rows one run leaves', () => {
   for (const c of cases) {
     it(`cairn ${c.command}`, async ({ expect }) => {
-      const turns = <T>(fn: () => Promise<T>) => (c.registersTenant ? oneAtATime(fn) : fn());
-      const run = (s: Setup<unknown>) => turns(() => cairn(s.args, s.env));
+      const run = (s: Setup<unknown>) => cairn(s.args, s.env);
 
       // Run once, then again on the same setup.
       const a = await c.setup();
@@ -860,9 +844,7 @@ describe.concurrent('a cairn command run twice, or SIGKILLed and run again, leav
 
       // SIGKILLed inside its work, then run again to completion.
       const k = await c.setup();
-      const killed = await turns(() =>
-        startAndKill(k.args, k.env, c.killPoint && (() => c.killPoint!(k.scope))),
-      );
+      const killed = await startAndKill(k.args, k.env, c.killPoint && (() => c.killPoint!(k.scope)));
       // What the killed run left (for the report): its work whole, or not (then maybe nothing to read).
       const left = await c.fingerprint(k.scope).catch(() => undefined);
       const done = JSON.stringify(left) === JSON.stringify(once);
