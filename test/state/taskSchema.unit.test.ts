@@ -74,12 +74,18 @@ describe('TaskState schema', () => {
   it('refuses a stored document with an unknown schema_version, naming the value', () => {
     expect(() =>
       parseStoredTaskState({
-        task_id: 't',
-        tenant_id: 'acme',
+        task_id: base.task_id,
+        tenant_id: base.tenant_id,
         doc: { ...base, schema_version: 'oaies.task-state.v9' },
       }),
     ).toThrow(/schema_version: unknown schema version.*got "oaies.task-state.v9"/);
   });
+});
+
+it("refuses a stored document whose task or tenant is not its row's, naming the field", () => {
+  expect(() => parseStoredTaskState({ task_id: base.task_id, tenant_id: 'other', doc: base })).toThrow(
+    /tenant_id: the document says acme but the row says other/,
+  );
 });
 
 describe('state machine rules', () => {
