@@ -11,3 +11,8 @@ export function canonicalBytes(value: unknown): Buffer {
 export function sha256(bytes: Buffer | string): string {
   return `sha256:${createHash('sha256').update(bytes).digest('hex')}`;
 }
+
+/** The digest of a JSON value (null for undefined), as receipts record results. */
+export function digestOf(value: unknown): string {
+  return sha256(canonicalBytes(value ?? null));
+}

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { sql } from 'kysely';
-import { canonicalBytes, sha256 } from '../canonical.js';
+import { canonicalBytes, digestOf, sha256 } from '../canonical.js';
 import { mapSqlError } from '../db/sqlstate.js';
 import type { ReceiptStatus } from '../db/types.js';
 import { LeaseLostError, NotFoundError, ValidationError } from '../errors.js';
@@ -9,6 +9,7 @@ import type { Lease } from '../leases/leases.js';
 import { holdsFence } from '../leases/sql/fenceCheck.js';
 import { silentLogger } from '../logger.js';
 import { parseStoredTaskState } from '../state/parseStored.js';
+import { compensateFrom, lateSuccess, type ReceiptContext, settled } from './compensation.js';
 import { createResultCodec, type StoredRow } from './resultCodec.js';
 import { receiptOwnerAlive } from './sql/ownerAlive.js';
 import { reclaimReceipt } from './sql/reclaim.js';
@@ -40,8 +41,6 @@ export function idempotencyKeyOf(a: { taskId: string; step: string; tool: string
     throw new ValidationError('receipt args', [{ path: 'args', message: 'must be JSON-serializable' }]);
   }
 }
-
-const digestOf = (value: unknown): string => sha256(canonicalBytes(value ?? null));
 
 const COLUMNS = [
   'receipt_id',
@@ -173,82 +172,7 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
       .returning('receipt_id')
       .executeTakeFirst();
     if (recorded) return { ...ref, status: 'succeeded', result, ran: true };
-    return lateSuccess(input, ref, attempt, result);
-  }
-
-  /**
-   * This worker's effect ran, but the receipt moved on while it did (its lease lapsed: it was
-   * slow, not dead). If another worker is compensating, or has compensated, the world now
-   * holds both the effect and its undoing in an order nobody knows: only a human can tell,
-   * so the receipt is gated with the conflict named. Otherwise what is recorded stands.
-   */
-  async function lateSuccess<T>(
-    input: RunOnceInput<T>,
-    ref: Ref,
-    attempt: number,
-    result: T,
-  ): Promise<RunOnceResult<T>> {
-    const conflict = await db
-      .updateTable('tool_receipt')
-      .set({
-        status: 'gated',
-        resolution:
-          `conflict: attempt ${attempt} of ${input.tool} at ${input.step} reported success after the receipt ` +
-          'was taken for compensation; check what the world holds and resolve the gate',
-      })
-      .where('receipt_id', '=', ref.receiptId)
-      .where('status', 'in', ['compensating', 'compensated'])
-      .returning('receipt_id')
-      .executeTakeFirst();
-    if (conflict) {
-      log.error(
-        { task_id: input.taskId, receipt_id: ref.receiptId, attempt },
-        'effect succeeded after its compensation started; receipt gated for a human',
-      );
-      return { ...ref, status: 'gated' };
-    }
-    // Already waiting for a human: tell them what this worker knows (the effect did run).
-    await db
-      .updateTable('tool_receipt')
-      .set({
-        resolution: sql<string>`coalesce(resolution, '') || ${`; attempt ${attempt} later reported success (result digest ${digestOf(result)})`}`,
-      })
-      .where('receipt_id', '=', ref.receiptId)
-      .where('status', '=', 'gated')
-      .execute();
-    const now = await load(ref.idempotencyKey, input.taskId);
-    log.warn(
-      { task_id: input.taskId, receipt_id: ref.receiptId, attempt, status: now?.status },
-      'effect succeeded but the receipt had moved on; its record stands',
-    );
-    return settled(
-      input,
-      now ?? { receipt_id: ref.receiptId, idempotency_key: ref.idempotencyKey, status: 'gated' },
-    );
-  }
-
-  /** What a caller is told about a receipt another worker moved. */
-  function settled<T>(
-    input: RunOnceInput<T>,
-    row: Pick<ReceiptRow, 'receipt_id' | 'idempotency_key' | 'status'> & Partial<ReceiptRow>,
-  ): RunOnceResult<T> {
-    const ref = { receiptId: row.receipt_id, idempotencyKey: row.idempotency_key };
-    switch (row.status) {
-      case 'succeeded':
-        return { ...ref, status: 'succeeded', result: row.result as T, ran: false };
-      case 'compensated':
-        return {
-          ...ref,
-          status: 'compensated',
-          compensationReceiptId: row.resolution?.split(' ').pop() ?? '',
-        };
-      case 'failed':
-        return { ...ref, status: 'failed', error: row.error ?? 'failed' };
-      case 'gated':
-        return { ...ref, status: 'gated' };
-      default:
-        return { ...ref, status: 'in_progress', worker: row.worker ?? '' };
-    }
+    return lateSuccess(ctx, input, ref, attempt, result);
   }
 
   const reclaim = (receiptId: string, from: ReceiptStatus, worker: string, lease?: Lease) =>
@@ -270,7 +194,7 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
       if (attempt === undefined) return store.runOnce(input); // someone else moved it: look again
       return execute(input, ref, attempt);
     }
-    if (input.onUncertain === 'compensate') return compensateFrom(input, row, worker);
+    if (input.onUncertain === 'compensate') return compensateFrom(ctx, input, row, worker);
     // gate: wait for a human. The receipt says so, and so does the task's audit log.
     const gated = await db
       .updateTable('tool_receipt')
@@ -296,78 +220,13 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
     return { ...ref, status: 'gated' };
   }
 
-  /**
-   * Undoes an uncertain effect. Each step is a claimed transition (checked by its row count):
-   * uncertain -> compensating (only one worker compensates), then the compensation under a
-   * receipt of its own, then compensating -> compensated, or -> gated when the compensation
-   * itself became uncertain. A receipt found compensating (its compensator died or is slow)
-   * continues from its compensation's own receipt, which never runs twice.
-   */
-  async function compensateFrom<T>(
-    input: RunOnceInput<T>,
-    row: ReceiptRow,
-    worker: string,
-  ): Promise<RunOnceResult<T>> {
-    const ref = { receiptId: row.receipt_id, idempotencyKey: row.idempotency_key };
-    if (row.status === 'uncertain') {
-      const claimed = await db
-        .updateTable('tool_receipt')
-        .set({ status: 'compensating', worker, resolution: `compensating (${worker})` })
-        .where('receipt_id', '=', row.receipt_id)
-        .where('status', '=', 'uncertain')
-        .returning('receipt_id')
-        .executeTakeFirst();
-      if (!claimed) return store.runOnce(input); // someone else moved it: look again
-      await options.hooks?.afterCompensationClaim?.();
-      // The worker of the effect may have reported success meanwhile (the receipt is then
-      // gated with that conflict): do not undo what a human now has to look at.
-      const still = await load(row.idempotency_key, input.taskId);
-      if (still?.status !== 'compensating') return settled(input, still ?? { ...row, status: 'gated' });
-    }
-    const compensation = await store.runOnce({
-      taskId: input.taskId,
-      step: `${input.step}/compensate`,
-      tool: `${input.tool}.compensate`,
-      args: { receipt_id: row.receipt_id },
-      effect: (ctx) => input.compensate!({ ...ctx, idempotencyKey: row.idempotency_key }),
-      onUncertain: 'gate',
-      ...(input.lease ? { lease: input.lease } : {}),
-      ...(input.gate ? { gate: input.gate } : {}),
-    });
-    if (compensation.status === 'in_progress')
-      return { ...ref, status: 'in_progress', worker: compensation.worker };
-    const outcome =
-      compensation.status === 'succeeded'
-        ? {
-            status: 'compensated' as const,
-            resolution: `compensated by ${compensation.receiptId}`,
-            finished_at: sql<Date>`now()`,
-          }
-        : compensation.status === 'failed'
-          ? { status: 'uncertain' as const, resolution: `compensation failed: ${compensation.error}` }
-          : {
-              // The compensation itself became uncertain: only a human can tell what happened.
-              status: 'gated' as const,
-              resolution: `compensation ${compensation.receiptId} is uncertain; waiting for a human decision`,
-            };
-    const moved = await db
-      .updateTable('tool_receipt')
-      .set(outcome)
-      .where('receipt_id', '=', row.receipt_id)
-      .where('status', '=', 'compensating')
-      .returning('receipt_id')
-      .executeTakeFirst();
-    if (!moved) {
-      // The original worker reported success meanwhile: the receipt is gated with that conflict.
-      const now = await load(row.idempotency_key, input.taskId);
-      return settled(input, now ?? { ...row, status: 'gated' });
-    }
-    if (outcome.status === 'compensated') {
-      return { ...ref, status: 'compensated', compensationReceiptId: compensation.receiptId };
-    }
-    if (outcome.status === 'uncertain') return compensation as RunOnceResult<T>;
-    return { ...ref, status: 'gated' };
-  }
+  const ctx: ReceiptContext = {
+    db,
+    log,
+    hooks: options.hooks,
+    load,
+    runOnce: (input) => store.runOnce(input),
+  };
 
   const store: ReceiptStore = {
     async runOnce<T>(input: RunOnceInput<T>): Promise<RunOnceResult<T>> {
@@ -395,15 +254,9 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
         const ref = { receiptId: row.receipt_id, idempotencyKey: key };
         switch (row.status) {
           case 'succeeded':
-            return { ...ref, status: 'succeeded', result: row.result as T, ran: false };
           case 'compensated':
-            return {
-              ...ref,
-              status: 'compensated',
-              compensationReceiptId: row.resolution?.split(' ').pop() ?? '',
-            };
           case 'gated':
-            return { ...ref, status: 'gated' };
+            return settled(row);
           case 'failed': {
             // The effect said it did not happen: trying again is safe.
             const attempt = await reclaim(row.receipt_id, 'failed', worker, input.lease);
@@ -426,7 +279,7 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
             return resolveUncertain(input, row, worker);
           case 'compensating':
             return input.onUncertain === 'compensate'
-              ? compensateFrom(input, row, worker)
+              ? compensateFrom(ctx, input, row, worker)
               : { ...ref, status: 'in_progress', worker: row.worker };
         }
       }
