@@ -242,13 +242,14 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       assertChangeAllowed(prev, next, { reason: input.reason, requiredGates: o.requiredGates });
       if (fields) {
         fields.assertNotCopied(next, 'reason', input.reason ?? '');
-        input.messages?.forEach((m, i) =>
+        for (const [i, m] of (input.messages ?? []).entries()) {
+          const payload = Buffer.isBuffer(m.payload) ? m.payload.toString('utf8') : JSON.stringify(m.payload);
           fields.assertNotCopied(
             next,
             `outbox message [${i}]`,
-            `${Buffer.isBuffer(m.payload) ? m.payload.toString('utf8') : JSON.stringify(m.payload)}\n${JSON.stringify(m.headers ?? {})}`,
-          ),
-        );
+            `${payload}\n${JSON.stringify(m.headers ?? {})}`,
+          );
+        }
       }
       const nextStored = await seal(ex, next, known);
 

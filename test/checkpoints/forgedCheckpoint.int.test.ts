@@ -17,11 +17,10 @@ import { createLeaseManager } from '../../src/leases/leases.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';
 import { resume, workflowDigestOf } from '../../src/recovery/resume.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
-import { AGENT, newTask } from '../state/fixtures.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+import { seedPlannedTask, WORKFLOW } from './fixtures.js';
 
 const run = promisify(execFile);
-const WORKFLOW = { name: 'ship-feature', steps: ['plan', 'implement', 'review', 'test', 'deploy'] };
 /** The workflow the forger wants the task resumed under. */
 const FORGED_WORKFLOW = { name: 'ship-feature', steps: ['deploy'] };
 const ring: KeyRing = { current: 'k1', keys: { k1: Buffer.from('forged-test signing key') } };
@@ -41,19 +40,7 @@ afterAll(async () => {
 });
 
 /** A task with two signed checkpoints (created, plan approved). */
-async function seed(taskId: string) {
-  await store.create({
-    task: newTask(taskId, { workflow_digest: workflowDigestOf(WORKFLOW) }),
-    actor: AGENT,
-  });
-  const r = await store.update({
-    taskId,
-    expectedVersion: 1,
-    patch: { status: 'implementing', gates: { plan_approved: true } },
-    actor: AGENT,
-  });
-  if (!r.ok) throw r.error;
-}
+const seed = (taskId: string) => seedPlannedTask(store, taskId);
 
 /**
  * Writes, by hand, a newer checkpoint row: schema_version v2, reason "upcast from

@@ -15,14 +15,14 @@ import { createTenantKeys } from '../../src/crypto/tenantKeys.js';
 import { LeaseHeldError, LeaseLostError, UnavailableError } from '../../src/errors.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';
-import { type Policy, resume, workflowDigestOf } from '../../src/recovery/resume.js';
+import { type Policy, resume } from '../../src/recovery/resume.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
-import { AGENT, newTask } from '../state/fixtures.js';
+import { AGENT } from '../state/fixtures.js';
 import { waitForLeaseExpiry } from '../support/leases.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
+import { seedPlannedTask, WORKFLOW } from './fixtures.js';
 
-const WORKFLOW = { name: 'ship-feature', steps: ['plan', 'implement', 'review', 'test', 'deploy'] };
 const ring: KeyRing = { current: 'k1', keys: { k1: Buffer.from('resume-outage signing key') } };
 const RESUMER = 'spiffe://acme.example/cairn/recovery';
 
@@ -87,17 +87,7 @@ async function seedEncrypted(taskId: string, tenant: string, provider: KeyProvid
   const keys = createTenantKeys({ db: tdb.db, provider });
   await keys.addTenant(tenant);
   const store = createTaskStore({ db: tdb.db, checkpointer: createCheckpointer({ db: tdb.db, keys }) });
-  await store.create({
-    task: newTask(taskId, { tenant_id: tenant, workflow_digest: workflowDigestOf(WORKFLOW) }),
-    actor: AGENT,
-  });
-  const r = await store.update({
-    taskId,
-    expectedVersion: 1,
-    patch: { status: 'implementing', gates: { plan_approved: true } },
-    actor: AGENT,
-  });
-  if (!r.ok) throw r.error;
+  await seedPlannedTask(store, taskId, tenant);
   return keys;
 }
 
@@ -161,17 +151,7 @@ describe('resume writes nothing before it owns the task (issue 14.6)', () => {
   async function seedCorrupt(taskId: string) {
     const cps = checkpoints();
     const store = createTaskStore({ db: tdb.db, checkpointer: cps });
-    await store.create({
-      task: newTask(taskId, { workflow_digest: workflowDigestOf(WORKFLOW) }),
-      actor: AGENT,
-    });
-    const r = await store.update({
-      taskId,
-      expectedVersion: 1,
-      patch: { status: 'implementing', gates: { plan_approved: true } },
-      actor: AGENT,
-    });
-    if (!r.ok) throw r.error;
+    await seedPlannedTask(store, taskId);
     const [newest] = await cps.list(taskId);
     const snapshotId = newest!.checkpoint.state_snapshot_uri.split('/')[1]!;
     await tdb.db.transaction().execute(async (t) => {

@@ -12,13 +12,11 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../scripts/stack/paths.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
-import { workflowDigestOf } from '../../src/recovery/resume.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
-import { AGENT, newTask } from '../state/fixtures.js';
+import { seedPlannedTask, WORKFLOW } from '../checkpoints/fixtures.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
 const run = promisify(execFile);
-const WORKFLOW = { name: 'ship-feature', steps: ['plan', 'implement', 'review', 'test', 'deploy'] };
 
 let tdb: TestDatabase;
 let store: TaskStore;
@@ -50,19 +48,7 @@ async function cairnResume(taskId: string) {
   );
 }
 
-async function seed(taskId: string) {
-  await store.create({
-    task: newTask(taskId, { workflow_digest: workflowDigestOf(WORKFLOW) }),
-    actor: AGENT,
-  });
-  const r = await store.update({
-    taskId,
-    expectedVersion: 1,
-    patch: { status: 'implementing', gates: { plan_approved: true } },
-    actor: AGENT,
-  });
-  if (!r.ok) throw r.error;
-}
+const seed = (taskId: string) => seedPlannedTask(store, taskId);
 
 const leaseRows = (taskId: string) =>
   tdb.db.selectFrom('task_lease').select(['holder', 'fencing_token']).where('task_id', '=', taskId).execute();

@@ -2,9 +2,10 @@ import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { createDb, type Db } from '../../src/db/database.js';
-import { forTenant, registerTenant } from '../../src/db/tenant.js';
+import { forTenant } from '../../src/db/tenant.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
+import { twoTenants } from '../support/tenants.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
 let t: TestDatabase;
@@ -16,12 +17,7 @@ const TABLES = ['task_state', 'task_audit', 'checkpoint', 'checkpoint_snapshot',
 
 beforeAll(async () => {
   t = await createTestDatabase('tenancy');
-  for (const tenant of ['tenant-a', 'tenant-b']) await registerTenant(t.db, tenant);
-  const u = new URL(t.url);
-  u.username = 'cairn_app';
-  app = createDb({ connectionString: u.toString(), max: 4 });
-  asA = forTenant(app, 'tenant-a');
-  asB = forTenant(app, 'tenant-b');
+  ({ app, asA, asB } = await twoTenants(t, 4));
   // Each tenant writes its own tasks through the library, as the application role.
   for (const [db, tenant] of [
     [asA, 'tenant-a'],

@@ -4,14 +4,14 @@ import { insertInboxRows } from '../../consumers/sql/insertInboxRows.js';
 import { claimBatch } from '../../relay/sql/claimBatch.js';
 import { parkKey } from '../../relay/sql/parkKey.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
-import { createDb, type Db } from '../../src/db/database.js';
-import { forTenant, registerTenant } from '../../src/db/tenant.js';
+import type { Db } from '../../src/db/database.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
 import { laneOf } from '../../src/outbox/lanes.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { createReceiptStore, idempotencyKeyOf } from '../../src/receipts/receipts.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
+import { twoTenants } from '../support/tenants.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
 /**
@@ -31,12 +31,7 @@ async function ownerCount(query: ReturnType<typeof sql<{ n: number }>>): Promise
 
 beforeAll(async () => {
   t = await createTestDatabase('tenant_sql');
-  for (const tenant of ['tenant-a', 'tenant-b']) await registerTenant(t.db, tenant);
-  const u = new URL(t.url);
-  u.username = 'cairn_app';
-  app = createDb({ connectionString: u.toString(), max: 2 });
-  asA = forTenant(app, 'tenant-a');
-  asB = forTenant(app, 'tenant-b');
+  ({ app, asA, asB } = await twoTenants(t, 2));
   for (const [db, tenant] of [
     [asA, 'tenant-a'],
     [asB, 'tenant-b'],
@@ -286,13 +281,13 @@ describe("a tenant's own SQL on its own connection", () => {
   });
 
   it("one tenant's parked key does not park another tenant's key of the same name", async () => {
-    const insert = (tenant: string, taskId: string) =>
+    const insert = (tenant: string) =>
       sql<{ id: number }>`
         INSERT INTO outbox (lane, message_id, tenant_id, topic, key, payload)
         VALUES (${laneOf('shared-key')}, gen_random_uuid(), ${tenant}, 'parked', 'shared-key', '\\x00')
         RETURNING id, message_id`.execute(t.db);
-    const aRow = (await insert('tenant-a', 'a-1')).rows[0] as { id: number; message_id: string };
-    const bRow = (await insert('tenant-b', 'b-1')).rows[0] as { id: number; message_id: string };
+    const aRow = (await insert('tenant-a')).rows[0] as { id: number; message_id: string };
+    const bRow = (await insert('tenant-b')).rows[0] as { id: number; message_id: string };
     await parkKey(t.db, {
       tenant: 'tenant-a',
       topic: 'parked',
