@@ -12,12 +12,14 @@ import type { Db } from '../../src/db/database.js';
 import { ValidationError } from '../../src/errors.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';
+import type { ResumeOptions } from '../../src/recovery/resume.js';
 import { type Policy, resume, workflowDigestOf } from '../../src/recovery/resume.js';
 import type { TaskPatch } from '../../src/schemas/taskPatch.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
 import { waitForLeaseExpiry } from '../support/leases.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+import { resumeOptions } from './fixtures.js';
 
 const run = promisify(execFile);
 const WORKFLOW = { name: 'ship-feature', steps: ['plan', 'implement', 'review', 'test', 'deploy'] };
@@ -47,19 +49,8 @@ async function tamper(db: Db, statement: ReturnType<typeof sql>) {
   });
 }
 
-function resumeOpts(extra: object = {}) {
-  return {
-    db: tdb.db,
-    store,
-    checkpoints,
-    receipts: createReceiptStore({ db: tdb.db }),
-    leases: createLeaseManager({ db: tdb.db }),
-    workflowDefinition: WORKFLOW,
-    policy: policy(),
-    actor: 'spiffe://acme.example/cairn/recovery',
-    agentId: 'resumer',
-    ...extra,
-  };
+function resumeOpts(extra: Partial<ResumeOptions> = {}) {
+  return resumeOptions({ db: tdb.db, store, checkpoints }, { policy: policy(), ...extra });
 }
 
 async function seed(taskId: string) {

@@ -1,4 +1,8 @@
-import { workflowDigestOf } from '../../src/recovery/resume.js';
+import type { Checkpointer } from '../../src/checkpoints/checkpoints.js';
+import type { Db } from '../../src/db/database.js';
+import { createLeaseManager } from '../../src/leases/leases.js';
+import { createReceiptStore } from '../../src/receipts/receipts.js';
+import { type ResumeOptions, workflowDigestOf } from '../../src/recovery/resume.js';
 import type { TaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
 
@@ -24,4 +28,24 @@ export async function seedPlannedTask(store: TaskStore, taskId: string, tenantId
     actor: AGENT,
   });
   if (!r.ok) throw r.error;
+}
+
+/**
+ * Options for resume() over one database, with a policy that allows it (limit 1,000 USD) and
+ * a fresh receipt store and lease manager; `extra` overrides any of them.
+ */
+export function resumeOptions(
+  parts: { db: Db; store: TaskStore; checkpoints: Checkpointer },
+  extra: Partial<ResumeOptions> = {},
+): ResumeOptions {
+  return {
+    ...parts,
+    receipts: createReceiptStore({ db: parts.db }),
+    leases: createLeaseManager({ db: parts.db }),
+    workflowDefinition: WORKFLOW,
+    policy: async () => ({ version: 'policy-1', allowed: true, budgetLimitUsd: 1000 }),
+    actor: 'spiffe://acme.example/cairn/recovery',
+    agentId: 'resumer',
+    ...extra,
+  };
 }

@@ -14,11 +14,10 @@ import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import type { Checkpoint } from '../../src/checkpoints/schema.js';
 import { type KeyRing, signedBytes } from '../../src/checkpoints/signing.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
-import { createReceiptStore } from '../../src/receipts/receipts.js';
 import { resume, workflowDigestOf } from '../../src/recovery/resume.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
-import { seedPlannedTask, WORKFLOW } from './fixtures.js';
+import { resumeOptions, seedPlannedTask, WORKFLOW } from './fixtures.js';
 
 const run = promisify(execFile);
 /** The workflow the forger wants the task resumed under. */
@@ -83,17 +82,7 @@ async function forge(taskId: string): Promise<Checkpoint> {
 }
 
 function resumeOpts(workflowDefinition: unknown) {
-  return {
-    db: tdb.db,
-    store,
-    checkpoints,
-    receipts: createReceiptStore({ db: tdb.db }),
-    leases: createLeaseManager({ db: tdb.db }),
-    workflowDefinition,
-    policy: async () => ({ version: 'policy-1', allowed: true, budgetLimitUsd: 1000 }),
-    actor: RESUMER,
-    agentId: 'resumer',
-  };
+  return resumeOptions({ db: tdb.db, store, checkpoints }, { workflowDefinition, actor: RESUMER });
 }
 
 async function cairnCheckpointVerify(taskId: string, keys?: string) {

@@ -8,20 +8,21 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Checkpointer } from '../../src/checkpoints/checkpoints.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import type { KeyRing } from '../../src/checkpoints/signing.js';
 import { type KeyProvider, localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys } from '../../src/crypto/tenantKeys.js';
 import { LeaseHeldError, LeaseLostError, UnavailableError } from '../../src/errors.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
-import { createReceiptStore } from '../../src/receipts/receipts.js';
+import type { ResumeOptions } from '../../src/recovery/resume.js';
 import { type Policy, resume } from '../../src/recovery/resume.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { AGENT } from '../state/fixtures.js';
 import { waitForLeaseExpiry } from '../support/leases.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
-import { seedPlannedTask, WORKFLOW } from './fixtures.js';
+import { resumeOptions, seedPlannedTask } from './fixtures.js';
 
 const ring: KeyRing = { current: 'k1', keys: { k1: Buffer.from('resume-outage signing key') } };
 const RESUMER = 'spiffe://acme.example/cairn/recovery';
@@ -52,19 +53,8 @@ function switchableProvider(inner: KeyProvider) {
   return { provider, s };
 }
 
-function resumeOpts(store: TaskStore, checkpoints: ReturnType<typeof createCheckpointer>, extra = {}) {
-  return {
-    db: tdb.db,
-    store,
-    checkpoints,
-    receipts: createReceiptStore({ db: tdb.db }),
-    leases: createLeaseManager({ db: tdb.db }),
-    workflowDefinition: WORKFLOW,
-    policy: async (): Promise<Policy> => ({ version: 'policy-1', allowed: true, budgetLimitUsd: 1000 }),
-    actor: RESUMER,
-    agentId: 'resumer',
-    ...extra,
-  };
+function resumeOpts(store: TaskStore, checkpoints: Checkpointer, extra: Partial<ResumeOptions> = {}) {
+  return resumeOptions({ db: tdb.db, store, checkpoints }, { actor: RESUMER, ...extra });
 }
 
 /** What resume must leave alone: version, status, the audit log. */
