@@ -6,39 +6,110 @@ import {
   PostgresIntrospector,
   PostgresQueryCompiler,
 } from 'kysely';
-import pg from 'pg';
 import { z } from 'zod';
 import { ConfigurationError, UnavailableError } from '../errors.js';
 import { parseOptions } from '../options.js';
+import { callerPool, createPool, type PgPool, type PoolSettings } from './pool.js';
 import { isConfigurationSqlError } from './sqlstate.js';
 import { destroyTenantViews, registerPool } from './tenant.js';
 import type { Database } from './types.js';
 
-// int8 (bigint) columns such as versions, ids and fencing tokens stay far below 2^53 in
-// practice; parse them as numbers so callers compare versions with plain ===.
-pg.types.setTypeParser(pg.types.builtins.INT8, (v) => Number(v));
+export type { PgPool, PgPoolClient, PoolSettings } from './pool.js';
 
-const DbOptions = z
+const isPool = (v: unknown): v is PgPool =>
+  typeof (v as PgPool | null)?.connect === 'function' && typeof (v as PgPool | null)?.end === 'function';
+
+const DbOptionsSchema = z
   .object({
-    connectionString: z.string().min(1),
-    max: z.number().int().positive().default(10),
-    connectionTimeoutMillis: z.number().int().positive().default(5000),
-    applicationName: z.string().default('cairn'),
-    statementTimeoutMillis: z.number().int().nonnegative().default(0),
+    connectionString: z.string().min(1).optional(),
+    pool: z.custom<PgPool>(isPool, { message: 'must be a pg.Pool (an object with connect() and end())' }).optional(),
+    endPoolOnDestroy: z.boolean().optional(),
+    max: z.number().int().positive().optional(),
+    connectionTimeoutMillis: z.number().int().positive().optional(),
+    applicationName: z.string().optional(),
+    statementTimeoutMillis: z.number().int().nonnegative().optional(),
   })
-  .strict();
+  .strict()
+  .superRefine((o, ctx) => {
+    if (o.connectionString === undefined && o.pool === undefined) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['connectionString'],
+        message: 'give either connectionString (Cairn makes its own pool) or pool (your pg.Pool); neither was given',
+      });
+    } else if (o.connectionString !== undefined && o.pool !== undefined) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['pool'],
+        message: 'give either connectionString or pool, not both',
+      });
+    }
+    if (o.pool !== undefined) {
+      for (const k of ['max', 'connectionTimeoutMillis', 'applicationName', 'statementTimeoutMillis'] as const) {
+        if (o[k] !== undefined) {
+          ctx.addIssue({ code: 'custom', path: [k], message: 'set it on your pg.Pool: it applies only with connectionString' });
+        }
+      }
+    } else if (o.endPoolOnDestroy !== undefined) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['endPoolOnDestroy'],
+        message: 'applies only with pool: a pool Cairn makes is always ended by db.destroy()',
+      });
+    }
+  });
 
-export type DbOptions = z.input<typeof DbOptions>;
-export type PoolSettings = z.output<typeof DbOptions>;
+/** Cairn makes and owns a pg pool for this connection string; `db.destroy()` ends it. */
+export interface ConnectionStringOptions {
+  connectionString: string;
+  /** Connections in the pool (default 10). */
+  max?: number;
+  /** How long to wait for a connection, in milliseconds (default 5000). */
+  connectionTimeoutMillis?: number;
+  /** `application_name` of the connections (default "cairn"). */
+  applicationName?: string;
+  /** `statement_timeout` of the connections in milliseconds (default 0: none). */
+  statementTimeoutMillis?: number;
+  pool?: never;
+}
+
+/**
+ * Cairn runs on the application's pg.Pool. The pool is left as it is (its type parsers
+ * included: Cairn's queries carry their own), and `db.destroy()` does not end it unless
+ * `endPoolOnDestroy` is true.
+ */
+export interface ExistingPoolOptions {
+  pool: PgPool;
+  /** End the pool in `db.destroy()` (default false: the pool stays yours to end). */
+  endPoolOnDestroy?: boolean;
+  connectionString?: never;
+}
+
+export type DbOptions = ConnectionStringOptions | ExistingPoolOptions;
 export type Db = Kysely<Database>;
 
 /** Each database's address with the password redacted, for log lines (see databaseAddress). */
 const addresses = new WeakMap<Db, string>();
 
-/** Creates a kysely instance over a pg pool. Call `db.destroy()` to close it (and its tenant views). */
+const defaults = { max: 10, connectionTimeoutMillis: 5000, applicationName: 'cairn', statementTimeoutMillis: 0 };
+
+/**
+ * Creates a kysely instance over a pg pool: one Cairn makes from `connectionString`, or the
+ * application's own `pool`. Call `db.destroy()` to close it (and its tenant views); it ends
+ * the application's pool only with `endPoolOnDestroy: true`.
+ */
 export function createDb(options: DbOptions): Db {
-  const o = parseOptions('database options', DbOptions, options);
-  const pool = createPool(o);
+  const o = parseOptions('database options', DbOptionsSchema, options);
+  const settings: Omit<PoolSettings, 'connectionString'> & { connectionString?: string } = {
+    max: o.max ?? defaults.max,
+    connectionTimeoutMillis: o.connectionTimeoutMillis ?? defaults.connectionTimeoutMillis,
+    applicationName: o.applicationName ?? defaults.applicationName,
+    statementTimeoutMillis: o.statementTimeoutMillis ?? defaults.statementTimeoutMillis,
+    connectionString: o.connectionString ?? poolConnectionString(o.pool),
+  };
+  const pool = o.pool
+    ? callerPool(o.pool, o.endPoolOnDestroy ?? false)
+    : createPool({ ...settings, connectionString: o.connectionString! });
   const driver = new PostgresDialect({ pool }).createDriver();
   const dialect: Dialect = {
     createAdapter: () => new PostgresAdapter(),
@@ -58,28 +129,18 @@ export function createDb(options: DbOptions): Db {
     createQueryCompiler: () => new PostgresQueryCompiler(),
   };
   const db: Db = new Kysely<Database>({ dialect });
-  registerPool(db, o);
-  addresses.set(db, redact(o.connectionString));
+  registerPool(db, settings);
+  addresses.set(
+    db,
+    settings.connectionString ? redact(settings.connectionString) : '(the application\'s pg.Pool)',
+  );
   return db;
 }
 
-/** A pg pool with Cairn's settings and error listeners. */
-export function createPool(o: PoolSettings): pg.Pool {
-  const pool = new pg.Pool({
-    connectionString: o.connectionString,
-    max: o.max,
-    connectionTimeoutMillis: o.connectionTimeoutMillis,
-    application_name: o.applicationName,
-    ...(o.statementTimeoutMillis ? { statement_timeout: o.statementTimeoutMillis } : {}),
-  });
-  // An idle client whose backend is killed emits 'error' on the pool; without a listener
-  // that would crash the process. The next query simply gets a fresh connection.
-  pool.on('error', () => {});
-  // A checked-out client whose server dies between two queries (a transaction in progress
-  // when the primary crashes) emits 'error' with no pool listener attached: the next query
-  // on it fails and the pool drops it; without this listener the process would crash.
-  pool.on('connect', (client) => client.on('error', () => {}));
-  return pool;
+/** A pg.Pool's connection string, when it was made with one (for tenant views and messages). */
+function poolConnectionString(pool: PgPool | undefined): string | undefined {
+  const s = (pool as { options?: { connectionString?: unknown } } | undefined)?.options?.connectionString;
+  return typeof s === 'string' && s ? s : undefined;
 }
 
 /**

@@ -11,8 +11,9 @@ import {
   type TransactionSettings,
 } from 'kysely';
 import type pg from 'pg';
-import { CairnError, ValidationError } from '../errors.js';
-import { createPool, type Db, type PoolSettings } from './database.js';
+import { CairnError, ConfigurationError, ValidationError } from '../errors.js';
+import type { Db } from './database.js';
+import { createPool, type PoolSettings } from './pool.js';
 import type { Executor } from './executor.js';
 import type { Database } from './types.js';
 
@@ -79,7 +80,7 @@ class TenantDriver implements Driver {
   private pool: pg.Pool | undefined;
   constructor(
     private readonly parent: Db,
-    private readonly parentOptions: PoolSettings,
+    private readonly parentOptions: ParentSettings,
     private readonly tenant: string,
     private readonly login: TenantLogin,
   ) {}
@@ -96,6 +97,12 @@ class TenantDriver implements Driver {
     }
     let url = this.login.connectionString;
     if (!url) {
+      if (!this.parentOptions.connectionString) {
+        throw new ConfigurationError(
+          `forTenant(db, '${this.tenant}'): the database was made from a pg.Pool without a connection string, ` +
+            "so Cairn cannot tell where the tenant's role logs in: pass forTenant(db, tenant, { connectionString })",
+        );
+      }
       const u = new URL(this.parentOptions.connectionString);
       u.username = row.role_name;
       u.password = this.login.password ?? '';
@@ -129,11 +136,14 @@ class TenantDriver implements Driver {
   }
 }
 
-const settings = new WeakMap<Db, PoolSettings>();
+/** How the parent database connects; no connection string when it runs on a pool made without one. */
+type ParentSettings = Omit<PoolSettings, 'connectionString'> & { connectionString?: string | undefined };
+
+const settings = new WeakMap<Db, ParentSettings>();
 const views = new WeakMap<Db, Map<string, Db>>();
 
 /** Remembers how a database made by createDb connects (so tenant views can log in likewise). */
-export function registerPool(db: Db, options: PoolSettings): void {
+export function registerPool(db: Db, options: ParentSettings): void {
   settings.set(db, options);
 }
 
@@ -153,7 +163,7 @@ export async function destroyTenantViews(db: Db): Promise<void> {
 export function forTenant(db: Db, tenantId: string, login: TenantLogin = {}): Db {
   assertTenantId(tenantId);
   const options = settings.get(db);
-  if (!options) throw new Error('forTenant needs a database made by createDb');
+  if (!options) throw new ConfigurationError('forTenant needs a database made by createDb');
   let byTenant = views.get(db);
   if (!byTenant) {
     byTenant = new Map();
