@@ -3,7 +3,7 @@ import { sql } from 'kysely';
 import pRetry, { AbortError } from 'p-retry';
 import pg from 'pg';
 import { databaseAddress, pingDatabase } from '../src/db/database.js';
-import { isConfigurationSqlError, SqlState, sqlState } from '../src/db/sqlstate.js';
+import { isConfigurationSqlError, mapSqlError } from '../src/db/sqlstate.js';
 import { ConfigurationError } from '../src/errors.js';
 import { isKafkaConfigurationError, isPoisonError } from '../src/kafka/classifyError.js';
 import type { PublishMessage } from '../src/kafka/publisher.js';
@@ -352,11 +352,9 @@ export function createRelay(options: RelayOptions): Relay {
     const database = { address: databaseAddress(db), isConfigurationError: isConfigurationSqlError };
     if ((await waitFor('postgres', database, () => pingDatabase(db))) === 'stopped') return;
     await seedLanes(db).catch((err: unknown) => {
-      if (sqlState(err) !== SqlState.undefinedTable) throw err;
-      throw new ConfigurationError(
-        `the database at ${database.address} has no Cairn tables (${(err as Error).message}): run \`cairn migrate\` first`,
-        err,
-      );
+      const mapped = mapSqlError(err); // an unmigrated database: "run cairn migrate"
+      if (!(mapped instanceof ConfigurationError)) throw mapped;
+      throw new ConfigurationError(`${database.address}: ${mapped.message}`, err);
     });
     if (options.wakeOnNotify) {
       await listen(options.wakeOnNotify).catch((err: Error) =>

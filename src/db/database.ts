@@ -22,7 +22,9 @@ const isPool = (v: unknown): v is PgPool =>
 const DbOptionsSchema = z
   .object({
     connectionString: z.string().min(1).optional(),
-    pool: z.custom<PgPool>(isPool, { message: 'must be a pg.Pool (an object with connect() and end())' }).optional(),
+    pool: z
+      .custom<PgPool>(isPool, { message: 'must be a pg.Pool (an object with connect() and end())' })
+      .optional(),
     endPoolOnDestroy: z.boolean().optional(),
     max: z.number().int().positive().optional(),
     connectionTimeoutMillis: z.number().int().positive().optional(),
@@ -35,7 +37,8 @@ const DbOptionsSchema = z
       ctx.addIssue({
         code: 'custom',
         path: ['connectionString'],
-        message: 'give either connectionString (Cairn makes its own pool) or pool (your pg.Pool); neither was given',
+        message:
+          'give either connectionString (Cairn makes its own pool) or pool (your pg.Pool); neither was given',
       });
     } else if (o.connectionString !== undefined && o.pool !== undefined) {
       ctx.addIssue({
@@ -45,9 +48,18 @@ const DbOptionsSchema = z
       });
     }
     if (o.pool !== undefined) {
-      for (const k of ['max', 'connectionTimeoutMillis', 'applicationName', 'statementTimeoutMillis'] as const) {
+      for (const k of [
+        'max',
+        'connectionTimeoutMillis',
+        'applicationName',
+        'statementTimeoutMillis',
+      ] as const) {
         if (o[k] !== undefined) {
-          ctx.addIssue({ code: 'custom', path: [k], message: 'set it on your pg.Pool: it applies only with connectionString' });
+          ctx.addIssue({
+            code: 'custom',
+            path: [k],
+            message: 'set it on your pg.Pool: it applies only with connectionString',
+          });
         }
       }
     } else if (o.endPoolOnDestroy !== undefined) {
@@ -91,7 +103,12 @@ export type Db = Kysely<Database>;
 /** Each database's address with the password redacted, for log lines (see databaseAddress). */
 const addresses = new WeakMap<Db, string>();
 
-const defaults = { max: 10, connectionTimeoutMillis: 5000, applicationName: 'cairn', statementTimeoutMillis: 0 };
+const defaults = {
+  max: 10,
+  connectionTimeoutMillis: 5000,
+  applicationName: 'cairn',
+  statementTimeoutMillis: 0,
+};
 
 /**
  * Creates a kysely instance over a pg pool: one Cairn makes from `connectionString`, or the
@@ -132,7 +149,7 @@ export function createDb(options: DbOptions): Db {
   registerPool(db, settings);
   addresses.set(
     db,
-    settings.connectionString ? redact(settings.connectionString) : '(the application\'s pg.Pool)',
+    settings.connectionString ? redact(settings.connectionString) : "(the application's pg.Pool)",
   );
   return db;
 }

@@ -1,4 +1,30 @@
-import { CairnError, InvalidTransitionError } from '../errors.js';
+import { CairnError, ConfigurationError, InvalidTransitionError } from '../errors.js';
+import type { Database } from './types.js';
+
+/** Cairn's tables: a missing one means the database was never migrated (kept in step with Database by its type). */
+const CAIRN_TABLES: Readonly<Record<keyof Database, true>> = {
+  task_quarantine: true,
+  tenant: true,
+  tenant_key: true,
+  retention_policy: true,
+  legal_hold: true,
+  task_annotation: true,
+  deletion_certificate: true,
+  checkpoint: true,
+  checkpoint_snapshot: true,
+  task_lease: true,
+  tool_receipt: true,
+  inbox: true,
+  inbox_key_version: true,
+  inbox_dlq: true,
+  task_state: true,
+  task_audit: true,
+  outbox: true,
+  relay_lane: true,
+  relay_instance: true,
+  outbox_parked_key: true,
+  outbox_operator_audit: true,
+};
 
 /**
  * Every SQLSTATE Cairn reacts to is mapped here and nowhere else.
@@ -54,6 +80,8 @@ export function mapSqlError(err: unknown): unknown {
       return new CairnError('legal_hold', message, { cause: err });
     case SqlState.quarantined:
       return new CairnError('quarantined', message, { cause: err });
+    case SqlState.undefinedTable:
+      return notMigrated(err, message) ?? err;
     case SqlState.insufficientPrivilege:
       return /row-level security/.test(message)
         ? new CairnError(
@@ -65,6 +93,25 @@ export function mapSqlError(err: unknown): unknown {
     default:
       return err;
   }
+}
+
+/** `mapSqlError` as a `.catch` handler: `await q.execute().catch(rethrowMapped)`. */
+export function rethrowMapped(err: unknown): never {
+  throw mapSqlError(err);
+}
+
+/**
+ * 42P01 on one of Cairn's own tables: the database was never migrated (or not to this
+ * version). Anything else (a table of the application's) stays the error Postgres raised.
+ */
+function notMigrated(err: unknown, message: string): ConfigurationError | undefined {
+  const table = /relation "(?:[^"]+\.)?([^"]+)" does not exist/.exec(message)?.[1];
+  if (!table || !Object.hasOwn(CAIRN_TABLES, table)) return undefined;
+  return new ConfigurationError(
+    `the database has no Cairn table "${table}" (${message}): it was never migrated; ` +
+      'run `cairn migrate` first (or `await migrateToLatest(db)` from code)',
+    err,
+  );
 }
 
 export function sqlState(err: unknown): string | undefined {

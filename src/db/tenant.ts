@@ -13,8 +13,8 @@ import {
 import type pg from 'pg';
 import { CairnError, ConfigurationError, ValidationError } from '../errors.js';
 import type { Db } from './database.js';
-import { createPool, type PoolSettings } from './pool.js';
 import type { Executor } from './executor.js';
+import { createPool, type PoolSettings } from './pool.js';
 import type { Database } from './types.js';
 
 export const TENANT_ID = /^[a-z0-9][a-z0-9_.-]{0,62}$/;

@@ -6,7 +6,7 @@ import { assertNoCredentials } from '../checkpoints/secrets.js';
 import type { TenantKeys } from '../crypto/tenantKeys.js';
 import type { Db } from '../db/database.js';
 import { type Executor, inTransaction, type Trx } from '../db/executor.js';
-import { mapSqlError, SqlState, sqlState } from '../db/sqlstate.js';
+import { mapSqlError, rethrowMapped, SqlState, sqlState } from '../db/sqlstate.js';
 import { CairnError, LeaseLostError, NotFoundError, StaleWriteError, ValidationError } from '../errors.js';
 import { type Fence, holdsFence } from '../leases/sql/fenceCheck.js';
 import { type Logger, silentLogger } from '../logger.js';
@@ -133,7 +133,8 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       .selectFrom('task_state')
       .select(['task_id', 'tenant_id', 'version', 'schema_version', 'doc'])
       .where('task_id', '=', taskId)
-      .executeTakeFirst();
+      .executeTakeFirst()
+      .catch(rethrowMapped); // an unmigrated database: "run cairn migrate"
   }
 
   return {
@@ -141,7 +142,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       checkActor(actor);
       const input = parse('new task', NewTask, task);
       assertNoCredentials(`new task ${input.task_id}`, input);
-      return inTransaction(o.db, trx, async (t) => {
+      const created = inTransaction(o.db, trx, async (t) => {
         const now = o.clock().toISOString();
         const state = parse('task state', TaskStateV2, {
           schema_version: TASK_STATE_V2,
@@ -197,6 +198,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
         if (!trx) remember(state, stored);
         return state;
       });
+      return created.catch(rethrowMapped);
     },
 
     async get(taskId, opts = {}) {
@@ -327,7 +329,8 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
         .select(['task_id', 'version', 'prev_version', 'actor', 'reason', 'patch', 'at'])
         .where('task_id', '=', taskId)
         .orderBy('version')
-        .execute();
+        .execute()
+        .catch(rethrowMapped);
       return rows as AuditRow[];
     },
   };
