@@ -11,6 +11,7 @@ import { resumeCommand } from './resume.js';
 import { stackCommand } from './stack.js';
 import { stateCommand } from './state.js';
 import { annotateCommand, holdCommand, keysCommand, retentionCommand, tenantCommand } from './tenancy.js';
+import { packageVersion } from './version.js';
 
 interface Command {
   run(argv: string[]): Promise<number>;
@@ -95,6 +96,7 @@ const commands: Record<string, Command> = {
 };
 
 const usage = `usage: cairn <command> [options]      (cairn <command> --help for one command)
+       cairn --version                       the package name and version
 
 commands:
 ${Object.values(commands)
@@ -110,6 +112,10 @@ async function main(argv: string[]): Promise<number> {
   if (!name || name === '--help' || name === '-h' || name === 'help') {
     console.log(usage);
     return name ? ExitCode.ok : ExitCode.usage;
+  }
+  if (name === '--version' || name === '-v' || name === 'version') {
+    console.log(packageVersion());
+    return ExitCode.ok;
   }
   const command = commands[name];
   if (!command) {

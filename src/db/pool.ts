@@ -29,8 +29,12 @@ export interface PoolSettings {
   statementTimeoutMillis: number;
 }
 
-/** A pg pool with Cairn's settings, type parsers and error listeners. */
-export function createPool(o: PoolSettings): pg.Pool {
+/**
+ * A pg pool with Cairn's settings, type parsers and error listeners. Typed as kysely sees a
+ * pool, so that Cairn's declarations never name pg's types (the application's tsc would then
+ * need @types/pg).
+ */
+export function createPool(o: PoolSettings): PostgresPool {
   const pool = new pg.Pool({
     connectionString: o.connectionString,
     max: o.max,

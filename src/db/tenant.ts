@@ -10,7 +10,6 @@ import {
   sql,
   type TransactionSettings,
 } from 'kysely';
-import type pg from 'pg';
 import { CairnError, ConfigurationError, ValidationError } from '../errors.js';
 import type { Db } from './database.js';
 import type { Executor } from './executor.js';
@@ -77,7 +76,6 @@ export interface TenantLogin {
  */
 class TenantDriver implements Driver {
   private inner: Driver | undefined;
-  private pool: pg.Pool | undefined;
   constructor(
     private readonly parent: Db,
     private readonly parentOptions: ParentSettings,
@@ -108,12 +106,12 @@ class TenantDriver implements Driver {
       u.password = this.login.password ?? '';
       url = u.toString();
     }
-    this.pool = createPool({
+    const pool = createPool({
       ...this.parentOptions,
       connectionString: url,
       max: this.login.max ?? this.parentOptions.max,
     });
-    this.inner = new PostgresDriver({ pool: this.pool });
+    this.inner = new PostgresDriver({ pool });
     await this.inner.init();
   }
   acquireConnection(): Promise<DatabaseConnection> {

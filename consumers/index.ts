@@ -1,0 +1,20 @@
+/**
+ * `@cairn-state/cairn/inbox`: inbox consumers that apply each message once, in the
+ * handler's transaction, and their dead letters. What this file exports is public;
+ * everything else under consumers/ is internal. See docs/api.md.
+ */
+export {
+  createKafkaSubscriber,
+  type ReceivedBatch,
+  type ReceivedMessage,
+  type Subscriber,
+} from '../src/kafka/subscriber.js';
+export { type DeadLetter, listDeadLetters, replayDeadLetter } from './deadLetters.js';
+export {
+  createInboxConsumer,
+  type InboxConsumer,
+  type InboxConsumerOptions,
+  type InboxHandler,
+  type InboxMessage,
+  type InboxStats,
+} from './inboxConsumer.js';

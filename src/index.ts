@@ -1,0 +1,106 @@
+/**
+ * `@cairn-state/cairn`: the library. What this file exports is public and follows semver;
+ * every other module is internal and may change. The relay is `@cairn-state/cairn/relay`,
+ * inbox consumers are `@cairn-state/cairn/inbox`. Each name is described in docs/api.md.
+ */
+
+export {
+  type Checkpointer,
+  type CheckpointerOptions,
+  createCheckpointer,
+  type StoredCheckpoint,
+  type TakeCheckpointInput,
+  type Verification,
+} from './checkpoints/checkpoints.js';
+export type { KeyRing } from './checkpoints/signing.js';
+// Tenant keys, retention and legal hold.
+export { type KeyProvider, localKeyring, writeKeyring } from './crypto/keyProvider.js';
+export { createTenantKeys, type TenantKeys } from './crypto/tenantKeys.js';
+// The database: connect, migrate, act for a tenant.
+export {
+  type ConnectionStringOptions,
+  createDb,
+  type Db,
+  type DbOptions,
+  type ExistingPoolOptions,
+  type PgPool,
+  type PgPoolClient,
+} from './db/database.js';
+export type { Executor, Trx } from './db/executor.js';
+export { migrateToLatest, migrationStatus } from './db/migrate.js';
+export { forTenant, registerTenant, type TenantLogin } from './db/tenant.js';
+export type { Database } from './db/types.js';
+// Errors: one base class with a stable `code` and a `retriable` flag.
+export {
+  CairnError,
+  ConfigurationError,
+  InvalidTransitionError,
+  LeaseHeldError,
+  LeaseLostError,
+  NotFoundError,
+  StaleWriteError,
+  UnavailableError,
+  ValidationError,
+} from './errors.js';
+// Leases, receipts, checkpoints, resume.
+export {
+  type AcquireResult,
+  createLeaseManager,
+  type Fence,
+  type Lease,
+  type LeaseManager,
+  type LeaseRequest,
+} from './leases/leases.js';
+export { createLogger, type Logger } from './logger.js';
+// The outbox and the wire contract its messages carry.
+export type { OutboxMessageInput } from './outbox/message.js';
+export { createOutbox, type EnqueueContext, type Outbox, type OutboxOptions } from './outbox/outbox.js';
+export { HEADER } from './outbox/wire.js';
+export {
+  createReceiptStore,
+  type EffectContext,
+  idempotencyKeyOf,
+  type ReceiptRow,
+  type ReceiptStore,
+  type ReceiptStoreOptions,
+  type ReconcileAction,
+  type RunOnceInput,
+  type RunOnceResult,
+  type UncertainPolicy,
+} from './receipts/receipts.js';
+// Regional failover.
+export {
+  checkAfterFailover,
+  type FailoverReport,
+  quarantine,
+  releaseQuarantine,
+} from './recovery/failover.js';
+export {
+  type Policy,
+  parsePolicy,
+  type ResumeOptions,
+  type ResumePlan,
+  resume,
+  workflowDigestOf,
+} from './recovery/resume.js';
+export { annotate, type Hold, listHolds, placeHold, releaseHold } from './retention/holds.js';
+export {
+  type Certificate,
+  certificateIntact,
+  type RetentionOptions,
+  type RetentionRun,
+  runRetention,
+  setRetentionPolicy,
+} from './retention/retention.js';
+// Task state: compare-and-swap writes with their audit rows and outbox messages.
+export type { NewTask, TaskPatch } from './schemas/taskPatch.js';
+export { GATES, type GateName, STATUSES, type TaskState, type TaskStatus } from './schemas/taskState.js';
+export {
+  type AuditRow,
+  createTaskStore,
+  type TaskStore,
+  type TaskStoreOptions,
+  type UpdateInput,
+  type UpdateResult,
+} from './state/taskStore.js';
+export { canTransition, isTerminal, TRANSITIONS } from './state/transitions.js';
