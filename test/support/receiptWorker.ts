@@ -5,7 +5,7 @@
  * after_effect) on its KILL_AT-th effect; KILL_POINT=none settles everything and exits.
  */
 import { createDb } from '../../src/db/database.js';
-import { LeaseHeldError } from '../../src/errors.js';
+import { LeaseHeldError, LeaseLostError } from '../../src/errors.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';
 import { callSink } from './effectSink.js';
@@ -71,7 +71,9 @@ for (let n = 0; n < ops; n++) {
     );
     if (r.status === 'in_progress') unsettled++;
   } catch (err) {
-    if (err instanceof LeaseHeldError) unsettled++;
+    // Another worker holds the lease, or this one lost it before its intent committed (a busy
+    // machine: the 1 s lease lapsed): the fence working, the effect did not run. Try later.
+    if (err instanceof LeaseHeldError || err instanceof LeaseLostError) unsettled++;
     else throw err;
   }
 }
