@@ -254,7 +254,7 @@ const cases: Array<Case<unknown>> = [
       return { args: ['migrate'], env: { DATABASE_URL: db.url }, scope: { db } };
     },
     async fingerprint({ db }) {
-      const names = await sql<{ name: string }>`SELECT name FROM kysely_migration ORDER BY name`.execute(
+      const names = await sql<{ name: string }>`SELECT name FROM cairn_migration ORDER BY name`.execute(
         db.db,
       );
       const tables = await sql<{ t: string }>`
@@ -272,7 +272,7 @@ const cases: Array<Case<unknown>> = [
     second: { code: 0, out: /^schema is up to date; no migration ran\n$/ },
     // kysely creates its lock table first, then runs every migration in one transaction.
     killPoint: async ({ db }) =>
-      (await sql<{ r: string | null }>`SELECT to_regclass('kysely_migration_lock')::text AS r`.execute(db.db))
+      (await sql<{ r: string | null }>`SELECT to_regclass('cairn_migration_lock')::text AS r`.execute(db.db))
         .rows[0]!.r !== null,
   }),
 

@@ -27,9 +27,11 @@ describe('migrations on real Postgres', () => {
       SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' ORDER BY table_name
     `.execute(target.db);
     const names = tables.rows.map((r) => r.table_name);
-    for (const t of ['task_state', 'task_audit', 'task_status', 'task_transition', 'kysely_migration']) {
+    for (const t of ['task_state', 'task_audit', 'task_status', 'task_transition', 'cairn_migration']) {
       expect(names).toContain(t);
     }
+    // kysely's default tables stay free for the user's own Migrator.
+    expect(names).not.toContain('kysely_migration');
     const status = await migrationStatus(target.db);
     expect(status.every((m) => m.executedAt instanceof Date)).toBe(true);
     expect(await migrateToLatest(target.db)).toEqual([]);

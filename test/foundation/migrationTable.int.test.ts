@@ -1,0 +1,130 @@
+import { type Kysely, type Migration, Migrator, sql } from 'kysely';
+import { afterAll, describe, expect, it } from 'vitest';
+import { migrationProvider, migrations } from '../../migrations/index.js';
+import { createDb, type Db } from '../../src/db/database.js';
+import { migrateToLatest, migrationStatus } from '../../src/db/migrate.js';
+import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+
+const cairnNames = Object.keys(migrations).sort();
+
+/** A user's own migrations, run by their own kysely Migrator with its default tables. */
+const userMigrations: Record<string, Migration> = {
+  '2024_01_01_widget': {
+    async up(db: Kysely<unknown>) {
+      await sql`CREATE TABLE widget (id int PRIMARY KEY, name text NOT NULL)`.execute(db);
+    },
+  },
+  '2024_02_01_widget_colour': {
+    async up(db: Kysely<unknown>) {
+      await sql`ALTER TABLE widget ADD COLUMN colour text`.execute(db);
+    },
+  },
+};
+const userMigrator = (db: Db) =>
+  new Migrator({ db, provider: { getMigrations: async () => userMigrations } });
+
+async function names(db: Db, table: 'kysely_migration' | 'cairn_migration'): Promise<string[]> {
+  const r = await sql<{ name: string }>`SELECT name FROM ${sql.table(table)} ORDER BY name`.execute(db);
+  return r.rows.map((x) => x.name);
+}
+
+describe("Cairn's migrations in cairn_migration, beside the user's kysely_migration", () => {
+  const dbs: TestDatabase[] = [];
+  afterAll(async () => {
+    for (const d of dbs) await d.drop();
+  });
+
+  it('a database migrated into kysely_migration by Cairn 0.2 is adopted by five processes at once: nothing re-runs, data and the user rows stay', async () => {
+    const target = await createTestDatabase('legacy_adopt', { migrate: false });
+    dbs.push(target);
+    // Cairn 0.2: kysely's Migrator with its default tables over the same migrations.
+    const old = await new Migrator({ db: target.db, provider: migrationProvider }).migrateToLatest();
+    expect(old.error).toBeUndefined();
+    const stamps = await sql<{ name: string; timestamp: string }>`
+      SELECT name, timestamp FROM kysely_migration ORDER BY name`.execute(target.db);
+    await sql`INSERT INTO task_state (task_id, tenant_id, version, schema_version, status, doc)
+              VALUES ('t1', 'acme', 1, 'oaies.task-state.v2', 'planning', '{"title":"kept"}')`.execute(
+      target.db,
+    );
+    await sql`INSERT INTO kysely_migration (name, timestamp) VALUES ('2023_user_own', '2023-01-01T00:00:00.000Z')`.execute(
+      target.db,
+    );
+
+    // --status reads only: before any upgrade it already counts 0.2's rows as applied.
+    const before = await migrationStatus(target.db);
+    expect(before.map((m) => m.name)).toEqual(cairnNames);
+    expect(before.every((m) => m.executedAt instanceof Date)).toBe(true);
+    expect(
+      (await sql<{ r: string | null }>`SELECT to_regclass('cairn_migration')::text AS r`.execute(target.db))
+        .rows[0]!.r,
+    ).toBeNull();
+
+    const runners = Array.from({ length: 5 }, () => createDb({ connectionString: target.url, max: 2 }));
+    try {
+      const ran = await Promise.all(runners.map((db) => migrateToLatest(db)));
+      expect(ran.flat()).toEqual([]); // no migration ran again
+    } finally {
+      await Promise.all(runners.map((db) => db.destroy()));
+    }
+
+    const adopted = await sql<{ name: string; timestamp: string }>`
+      SELECT name, timestamp FROM cairn_migration ORDER BY name`.execute(target.db);
+    expect(adopted.rows).toEqual(stamps.rows); // same names, same timestamps
+    expect(await names(target.db, 'kysely_migration')).toEqual(['2023_user_own']);
+    const task = await sql<{
+      doc: { title: string };
+    }>`SELECT doc FROM task_state WHERE task_id = 't1'`.execute(target.db);
+    expect(task.rows[0]!.doc.title).toBe('kept');
+    expect((await migrationStatus(target.db)).every((m) => m.executedAt instanceof Date)).toBe(true);
+    expect(await migrateToLatest(target.db)).toEqual([]); // and again: nothing
+    expect(await names(target.db, 'cairn_migration')).toEqual(cairnNames);
+  });
+
+  it('a database that 0.2 migrated part of the way: the recorded ones are adopted, the rest run', async () => {
+    const target = await createTestDatabase('legacy_partial', { migrate: false });
+    dbs.push(target);
+    const firstFive = Object.fromEntries(cairnNames.slice(0, 5).map((n) => [n, migrations[n]!]));
+    const old = await new Migrator({
+      db: target.db,
+      provider: { getMigrations: async () => firstFive },
+    }).migrateToLatest();
+    expect(old.error).toBeUndefined();
+    expect(await migrateToLatest(target.db)).toEqual(cairnNames.slice(5));
+    expect(await names(target.db, 'cairn_migration')).toEqual(cairnNames);
+    expect(await names(target.db, 'kysely_migration')).toEqual([]);
+  });
+
+  for (const order of ['cairn first', 'user first'] as const) {
+    it(`the user's own kysely Migrator and Cairn's migrateToLatest in one database (${order}): each sees only its own migrations`, async () => {
+      const target = await createTestDatabase(`side_by_side_${order.split(' ')[0]}`, { migrate: false });
+      dbs.push(target);
+      const runUser = async () => {
+        const r = await userMigrator(target.db).migrateToLatest();
+        if (r.error) throw r.error; // "corrupted migrations" would land here
+        return (r.results ?? []).map((x) => x.migrationName);
+      };
+      if (order === 'cairn first') {
+        expect(await migrateToLatest(target.db)).toEqual(cairnNames);
+        expect(await runUser()).toEqual(Object.keys(userMigrations));
+      } else {
+        expect(await runUser()).toEqual(Object.keys(userMigrations));
+        expect(await migrateToLatest(target.db)).toEqual(cairnNames);
+      }
+      // Both again, in the other order: nothing to run, no error.
+      expect(await runUser()).toEqual([]);
+      expect(await migrateToLatest(target.db)).toEqual([]);
+
+      expect(await names(target.db, 'kysely_migration')).toEqual(Object.keys(userMigrations));
+      expect(await names(target.db, 'cairn_migration')).toEqual(cairnNames);
+      const userView = await userMigrator(target.db).getMigrations();
+      expect(userView.map((m) => [m.name, m.executedAt instanceof Date])).toEqual(
+        Object.keys(userMigrations).map((n) => [n, true]),
+      );
+      const cairnView = await migrationStatus(target.db);
+      expect(cairnView.map((m) => [m.name, m.executedAt instanceof Date])).toEqual(
+        cairnNames.map((n) => [n, true]),
+      );
+      await sql`INSERT INTO widget (id, name, colour) VALUES (1, 'w', 'red')`.execute(target.db);
+    });
+  }
+});
