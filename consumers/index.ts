@@ -4,6 +4,7 @@
  * everything else under consumers/ is internal. See docs/api.md.
  */
 export {
+  type CreateTopicsOptions,
   createKafkaSubscriber,
   type ReceivedBatch,
   type ReceivedMessage,

@@ -79,6 +79,20 @@ export class ConfigurationError extends CairnError {
   }
 }
 
+/**
+ * A topic a consumer subscribes to does not exist (or the broker refused to create it).
+ * Waiting will not help: someone has to create it, or the subscriber is told to.
+ */
+export class TopicMissingError extends CairnError {
+  constructor(
+    readonly topics: readonly string[],
+    message: string,
+    cause?: unknown,
+  ) {
+    super('topic_missing', message, { cause });
+  }
+}
+
 export function preview(value: unknown, max = 80): string {
   let text: string;
   try {

@@ -13,12 +13,12 @@ export const ExitCode = {
   usage: 2,
   /** A dependency (a key, a key provider) is unavailable now: nothing was concluded or written; run it again (sysexits EX_TEMPFAIL). */
   unavailable: 75,
-  /** A ConfigurationError: a malformed DATABASE_URL or KAFKA_BROKERS, credentials refused, no such database (sysexits EX_CONFIG). */
+  /** A ConfigurationError: a malformed DATABASE_URL or KAFKA_BROKERS, credentials refused, no such database; or a topic that does not exist (sysexits EX_CONFIG). */
   configuration: 78,
 } as const;
 
 export function exitCodeFor(err: unknown): number {
   if (!(err instanceof CairnError)) return ExitCode.failed;
-  if (err.code === 'configuration') return ExitCode.configuration;
+  if (err.code === 'configuration' || err.code === 'topic_missing') return ExitCode.configuration;
   return ExitCode.failed;
 }

@@ -39,6 +39,7 @@ export {
   LeaseLostError,
   NotFoundError,
   StaleWriteError,
+  TopicMissingError,
   UnavailableError,
   ValidationError,
 } from './errors.js';

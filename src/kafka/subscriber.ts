@@ -1,8 +1,25 @@
 import type { Consumer } from 'kafkajs';
+import { z } from 'zod';
 import { type Logger, silentLogger } from '../logger.js';
+import { parseOptions } from '../options.js';
 import { untilReachable } from '../startup/untilReachable.js';
 import { isKafkaConfigurationError } from './classifyError.js';
+import { type CreateTopicsOptions, ensureTopics } from './ensureTopics.js';
 import { kafkaClient } from './publisher.js';
+
+export type { CreateTopicsOptions } from './ensureTopics.js';
+
+const CreateTopicsSchema = z
+  .object({
+    createTopics: z
+      .object({
+        numPartitions: z.number().int().positive(),
+        replicationFactor: z.number().int().positive().optional(),
+      })
+      .strict()
+      .optional(),
+  })
+  .passthrough();
 
 export interface ReceivedMessage {
   topic: string;
@@ -32,7 +49,9 @@ export interface ReceivedBatch {
 export interface Subscriber {
   /**
    * Resolves once consuming has started: while the broker cannot be reached it waits (capped
-   * backoff; a configuration error is thrown), and stop() ends that wait.
+   * backoff; a configuration error is thrown), and stop() ends that wait. A topic that does
+   * not exist is a TopicMissingError (code `topic_missing`), thrown at once, unless the
+   * subscriber was made with `createTopics`.
    */
   run(eachBatch: (batch: ReceivedBatch) => Promise<void>): Promise<void>;
   /** True while run() waits for a broker that has not answered yet. */
@@ -49,10 +68,16 @@ export function createKafkaSubscriber(opts: {
   clientId?: string;
   fromBeginning?: boolean;
   sessionTimeoutMs?: number;
+  /**
+   * Create the topics that do not exist yet, with these settings, before subscribing.
+   * Without it a missing topic is a TopicMissingError naming it.
+   */
+  createTopics?: CreateTopicsOptions;
   /** Told when the client crashed for good and is being replaced (see run()). */
   onRestart?: (error: Error, attempt: number) => void;
   logger?: Logger;
 }): Subscriber {
+  const { createTopics } = parseOptions('createKafkaSubscriber options', CreateTopicsSchema, opts);
   const kafka = kafkaClient(opts.brokers, opts.clientId ?? `cairn-inbox-${opts.groupId}`);
   const log = (opts.logger ?? silentLogger).child({ component: 'subscriber', group: opts.groupId });
   let consumer: Consumer | undefined;
@@ -63,11 +88,14 @@ export function createKafkaSubscriber(opts: {
   /**
    * Fails within a connection timeout when no broker answers. A kafkajs consumer's own
    * connect() retries for tens of seconds first, too long to say promptly what we wait for.
+   * Then checks the topics exist (creating them with createTopics).
    */
   async function probe(): Promise<void> {
     const admin = kafka.admin({ retry: { retries: 0 } });
     try {
       await admin.connect();
+      const created = await ensureTopics(admin, opts.topics, createTopics);
+      if (created.length > 0) log.info({ topics: created, ...createTopics }, 'created missing topics');
     } finally {
       await admin.disconnect().catch(() => {});
     }

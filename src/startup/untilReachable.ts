@@ -1,5 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import { ConfigurationError } from '../errors.js';
+import { CairnError, ConfigurationError } from '../errors.js';
 import type { Logger } from '../logger.js';
 
 export type Dependency = 'postgres' | 'kafka';
@@ -25,7 +25,8 @@ export interface UntilReachableOptions {
  * A process started while Postgres or the broker is down waits for it and says so (with the
  * address) instead of exiting: an orchestrator that starts everything at once, or restarts
  * the database, must not have to restart Cairn's processes too. Only a configuration error
- * ends the wait early, thrown as ConfigurationError with the address and what was refused.
+ * ends the wait early, thrown as ConfigurationError with the address and what was refused,
+ * or a CairnError that is not retriable (such as TopicMissingError), thrown as it is.
  */
 export async function untilReachable(
   attempt: () => Promise<void>,
@@ -45,6 +46,12 @@ export async function untilReachable(
       return 'reached';
     } catch (err) {
       const message = (err as Error)?.message ?? String(err);
+      // Cairn's own errors that say waiting will not help (a topic that does not exist) already
+      // name what is wrong and the fix: thrown as they are, code included.
+      if (err instanceof CairnError && !err.retriable) {
+        o.onWaiting?.(false);
+        throw err;
+      }
       if (o.isConfigurationError(err)) {
         o.onWaiting?.(false);
         throw new ConfigurationError(

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { isConfigurationSqlError } from '../../src/db/sqlstate.js';
 import { databaseUrlFromEnv, kafkaBrokersFromEnv } from '../../src/env.js';
-import { ConfigurationError } from '../../src/errors.js';
+import { ConfigurationError, TopicMissingError } from '../../src/errors.js';
 import { silentLogger } from '../../src/logger.js';
 import { untilReachable } from '../../src/startup/untilReachable.js';
 
@@ -40,6 +40,21 @@ describe('untilReachable', () => {
       /postgres at postgres:\/\/u@h:1\/d refused the configuration: password authentication/,
     );
     expect(n).toBe(1);
+  });
+
+  it('throws a TopicMissingError at once as it is (code topic_missing), not waited on as an outage', async () => {
+    let n = 0;
+    const seen: boolean[] = [];
+    const missing = new TopicMissingError(['t1'], 'topic "t1" does not exist on the broker');
+    const p = untilReachable(
+      async () => {
+        n++;
+        throw missing;
+      },
+      { ...base, dependency: 'kafka', onWaiting: (w) => seen.push(w) },
+    );
+    await expect(p).rejects.toBe(missing);
+    expect({ n, seen }).toEqual({ n: 1, seen: [false] });
   });
 
   it('ends the wait with "stopped" when aborted', async () => {
