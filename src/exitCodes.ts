@@ -9,7 +9,7 @@ export const ExitCode = {
   ok: 0,
   /** Anything unexpected; the message says what. */
   failed: 1,
-  /** Unknown command or bad arguments. */
+  /** Unknown command or bad arguments (a CairnError with code 'usage'): nothing was opened or written. */
   usage: 2,
   /** A dependency (a key, a key provider) is unavailable now: nothing was concluded or written; run it again (sysexits EX_TEMPFAIL). */
   unavailable: 75,
@@ -20,5 +20,6 @@ export const ExitCode = {
 export function exitCodeFor(err: unknown): number {
   if (!(err instanceof CairnError)) return ExitCode.failed;
   if (err.code === 'configuration' || err.code === 'topic_missing') return ExitCode.configuration;
+  if (err.code === 'usage') return ExitCode.usage;
   return ExitCode.failed;
 }

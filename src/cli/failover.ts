@@ -1,8 +1,8 @@
 import { parseArgs } from 'node:util';
 import { kafkaBrokersFromEnv } from '../env.js';
-import { CairnError } from '../errors.js';
 import { kafkaClient } from '../kafka/publisher.js';
 import { checkAfterFailover, quarantine, releaseQuarantine } from '../recovery/failover.js';
+import { printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
 const usage = `usage:
@@ -11,7 +11,7 @@ const usage = `usage:
     message carries that the database lacks, and messages each group committed past without
     an inbox row here. Exit 1 if anything was lost. --hold quarantines those tasks: no
     transition and no new side effect until released.
-  cairn failover release <task> [--actor spiffe://...]`;
+  cairn failover release <task> [--actor spiffe://...] [--json]`;
 
 export async function failoverCommand(argv: string[]): Promise<number> {
   const { positionals, values } = parseArgs({
@@ -29,16 +29,18 @@ export async function failoverCommand(argv: string[]): Promise<number> {
     const task = positionals[1];
     return withDb(async (db) => {
       const n = await releaseQuarantine(db, task, values.actor!);
-      console.log(n ? `${task}: released` : `${task}: not quarantined`);
+      printResult(values.json, { task_id: task, released: n > 0 }, () =>
+        console.log(n ? `${task}: released` : `${task}: not quarantined`),
+      );
       return n ? 0 : 1;
     });
   }
-  if (positionals[0] !== 'check' || !values.topics) throw new CairnError('usage', `\n${usage}`);
+  if (positionals[0] !== 'check' || !values.topics) throw new UsageError(`\n${usage}`);
   const topics = values.topics.split(',').filter(Boolean);
   const consumers = (values.group ?? []).map((g) => {
     const [groupId, list] = g.split('=');
     if (!groupId || !list) {
-      throw new CairnError('usage', `--group must be <group>=<topic>,<topic> (got ${JSON.stringify(g)})`);
+      throw new UsageError(`--group must be <group>=<topic>,<topic> (got ${JSON.stringify(g)})`);
     }
     return { groupId, topics: list.split(',').filter(Boolean) };
   });

@@ -10,22 +10,26 @@ import { pruneInbox } from '../../consumers/sql/pruneInbox.js';
 import { kafkaBrokersFromEnv } from '../env.js';
 import { createKafkaPublisher } from '../kafka/publisher.js';
 import { exitTwoOnBadInput, operatorInput } from './operatorInput.js';
+import { printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
 const usage = `usage:
-  cairn inbox dlq [--group G]
-  cairn inbox replay <message_id> --group G [--tenant T]
-  cairn inbox prune [--older-than-hours 168]`;
+  cairn inbox dlq [--group G] [--json]
+  cairn inbox replay <message_id> --group G [--tenant T] [--json]
+  cairn inbox prune [--older-than-hours 168] [--json]`;
 
 // One schema per sub-command, keyed by the flag (or usage) name an operator typed.
+const json = z.boolean().optional();
 const inputs = {
-  dlq: z.strictObject({ group: ConsumerGroupId.optional() }),
+  dlq: z.strictObject({ group: ConsumerGroupId.optional(), json }),
   replay: z.strictObject({
     message_id: InboxMessageId,
     group: ConsumerGroupId,
     tenant: z.string().optional(),
+    json,
   }),
   prune: z.strictObject({
+    json,
     'older-than-hours': z
       .string()
       .default('168')
@@ -43,6 +47,7 @@ export function inboxCommand(argv: string[]): Promise<number> {
         group: { type: 'string' },
         tenant: { type: 'string' },
         'older-than-hours': { type: 'string' },
+        json: { type: 'boolean' },
       },
     });
     const [sub, arg, ...extra] = positionals;
@@ -50,13 +55,15 @@ export function inboxCommand(argv: string[]): Promise<number> {
       const a = operatorInput('inbox dlq', inputs.dlq, { values, extra: positionals.slice(1) });
       return withDb(async (db) => {
         const rows = await listDeadLetters(db, a.group);
-        if (rows.length === 0) console.log('no dead letters');
-        for (const r of rows) {
-          console.log(
-            `${r.consumer_group}\t${r.message_id}\t${r.topic}/${r.partition}@${r.offset}\t${r.attempts} attempts\t` +
-              `${r.replayed_at ? `replayed ${r.replayed_at.toISOString()}` : `dead since ${r.dead_at.toISOString()}`}\t${r.error}`,
-          );
-        }
+        printResult(a.json, rows, () => {
+          if (rows.length === 0) console.log('no dead letters');
+          for (const r of rows) {
+            console.log(
+              `${r.consumer_group}\t${r.message_id}\t${r.topic}/${r.partition}@${r.offset}\t${r.attempts} attempts\t` +
+                `${r.replayed_at ? `replayed ${r.replayed_at.toISOString()}` : `dead since ${r.dead_at.toISOString()}`}\t${r.error}`,
+            );
+          }
+        });
         return 0;
       });
     }
@@ -71,7 +78,9 @@ export function inboxCommand(argv: string[]): Promise<number> {
           groupId: a.group,
           ...(a.tenant !== undefined ? { tenantId: a.tenant } : {}),
         });
-        console.log(`replayed ${r.message_id} to ${r.topic} for group ${r.consumer_group}`);
+        printResult(a.json, { replayed: r }, () =>
+          console.log(`replayed ${r.message_id} to ${r.topic} for group ${r.consumer_group}`),
+        );
         return 0;
       });
     }
@@ -80,11 +89,12 @@ export function inboxCommand(argv: string[]): Promise<number> {
       const hours = a['older-than-hours'];
       return withDb(async (db) => {
         const removed = await pruneInbox(db, { olderThanMs: hours * 3600_000 });
-        console.log(`pruned ${removed} inbox row(s) older than ${hours} h`);
+        printResult(a.json, { pruned: removed, older_than_hours: hours }, () =>
+          console.log(`pruned ${removed} inbox row(s) older than ${hours} h`),
+        );
         return 0;
       });
     }
-    console.error(usage);
-    return 2;
+    throw new UsageError(`\n${usage}`);
   });
 }

@@ -1,7 +1,9 @@
 import { parseArgs } from 'node:util';
+import { NotFoundError } from '../errors.js';
 import { ExitCode } from '../exitCodes.js';
 import { createTaskStore } from '../state/taskStore.js';
 import { checkpointerFromEnv } from './checkpointKeys.js';
+import { UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
 /** `cairn task show <id>` (state and a readable timeline) and `cairn task history <id>` (the audit rows). */
@@ -13,16 +15,12 @@ export async function taskCommand(argv: string[]): Promise<number> {
   });
   const [sub, id] = positionals;
   if ((sub !== 'show' && sub !== 'history') || !id) {
-    console.error('usage: cairn task show|history <task_id> [--json]');
-    return 2;
+    throw new UsageError('usage: cairn task show|history <task_id> [--json]');
   }
   return withDb(async (db) => {
     const store = createTaskStore({ db });
     const state = await store.get(id);
-    if (!state) {
-      console.error(`cairn task: task ${id} does not exist`);
-      return 1;
-    }
+    if (!state) throw new NotFoundError('task', id);
     const history = await store.history(id);
     if (values.json) {
       console.log(JSON.stringify(sub === 'show' ? { state, history } : history, null, 2));
@@ -58,8 +56,7 @@ export async function checkpointCommand(argv: string[]): Promise<number> {
   });
   const [sub, taskId] = positionals;
   if ((sub !== 'list' && sub !== 'verify') || !taskId) {
-    console.error('usage: cairn checkpoint list|verify <task_id> [--keyring F] [--json]');
-    return 2;
+    throw new UsageError('usage: cairn checkpoint list|verify <task_id> [--keyring F] [--json]');
   }
   return withDb(async (db) => {
     const { checkpointer: checkpoints } = checkpointerFromEnv(db, values.keyring);

@@ -1,17 +1,17 @@
 #!/usr/bin/env node
 /** `cairn <command>`: operator commands. Each command lives in its own module under src/cli/. */
-import { CairnError } from '../errors.js';
-import { ExitCode, exitCodeFor } from '../exitCodes.js';
+import { ExitCode } from '../exitCodes.js';
 import { failoverCommand } from './failover.js';
 import { inboxCommand } from './inbox.js';
 import { checkpointCommand, taskCommand } from './inspect.js';
 import { migrateCommand } from './migrate.js';
 import { outboxCommand } from './outbox.js';
+import { printResult, reportError, UsageError, wantsJson } from './output.js';
 import { resumeCommand } from './resume.js';
 import { stackCommand } from './stack.js';
 import { stateCommand } from './state.js';
 import { annotateCommand, holdCommand, keysCommand, retentionCommand, tenantCommand } from './tenancy.js';
-import { packageVersion } from './version.js';
+import { packageInfo, packageVersion } from './version.js';
 
 interface Command {
   run(argv: string[]): Promise<number>;
@@ -21,7 +21,7 @@ interface Command {
 const commands: Record<string, Command> = {
   migrate: {
     run: migrateCommand,
-    help: `  migrate [--status]                           run pending migrations (prints what ran); --status lists them`,
+    help: `  migrate [--status] [--json]                  run pending migrations (prints what ran); --status lists them`,
   },
   stack: {
     run: stackCommand,
@@ -49,19 +49,19 @@ const commands: Record<string, Command> = {
   outbox: {
     run: outboxCommand,
     help: `  outbox status [--json]                       backlog, oldest unpublished, parked keys, lanes owned
-  outbox parked                                keys held back by a message the broker refused
+  outbox parked [--json]                       keys held back by a message the broker refused
   outbox release <key> --topic T --reason R    let a parked key flow again (audited)
   outbox skip <message_id> --reason R          drop one message (audited)`,
   },
   inbox: {
     run: inboxCommand,
-    help: `  inbox dlq [--group G]                        dead letters
+    help: `  inbox dlq [--group G] [--json]               dead letters
   inbox replay <message_id> --group G          send a dead letter back to its topic
   inbox prune [--older-than-hours 168]         delete old inbox rows in batches`,
   },
   failover: {
     run: failoverCommand,
-    help: `  failover check --topics T1,T2 [--group G=T1,T2]
+    help: `  failover check --topics T1,T2 [--group G=T1,T2] [--hold] [--json]
                                                after promoting a standby: what did it lose? (exit 1 if anything)`,
   },
   tenant: {
@@ -83,7 +83,7 @@ const commands: Record<string, Command> = {
   hold: {
     run: holdCommand,
     help: `  hold place|release (--task T | --tenant X) [--reason R]
-  hold list [--tenant X] [--all]               legal holds: retention never deletes held data`,
+  hold list [--tenant X] [--all] [--json]      legal holds: retention never deletes held data`,
   },
   annotate: {
     run: annotateCommand,
@@ -103,9 +103,16 @@ ${Object.values(commands)
   .map((c) => c.help)
   .join('\n')}
 
+--json (on every command that prints something): the result as JSON on stdout; an error as
+  one JSON object {"error":{"code","message","retriable"}} on stderr, with the same exit code.
+exit codes: 0 ok, 1 failure (or a violation found), 2 usage, 75 unavailable (checkpoint verify),
+  78 configuration.
+
 environment:
   DATABASE_URL       Postgres (default postgres://postgres@127.0.0.1:5432/test)
-  KAFKA_BROKERS      Kafka bootstrap servers (default 127.0.0.1:19092)`;
+  KAFKA_BROKERS      Kafka bootstrap servers (default 127.0.0.1:19092)
+  CAIRN_METRICS_PORT serve /metrics, /healthz, /readyz (cairn relay) on this port
+  CAIRN_METRICS_HOST the address they bind to (default 127.0.0.1; 0.0.0.0 for every interface)`;
 
 async function main(argv: string[]): Promise<number> {
   const name = argv[0];
@@ -114,14 +121,11 @@ async function main(argv: string[]): Promise<number> {
     return name ? ExitCode.ok : ExitCode.usage;
   }
   if (name === '--version' || name === '-v' || name === 'version') {
-    console.log(packageVersion());
+    printResult(wantsJson(argv), packageInfo() ?? null, () => console.log(packageVersion()));
     return ExitCode.ok;
   }
   const command = commands[name];
-  if (!command) {
-    console.error(`cairn: unknown command "${name}"\n\n${usage}`);
-    return ExitCode.usage;
-  }
+  if (!command) throw new UsageError(`unknown command "${name}"\n\n${usage}`);
   if (argv.includes('--help') || argv.includes('-h')) {
     console.log(`usage:\n${command.help}`);
     return 0;
@@ -134,8 +138,6 @@ main(process.argv.slice(2)).then(
     process.exitCode = code;
   },
   (err: unknown) => {
-    const e = err as Error;
-    console.error(`cairn: ${e instanceof CairnError ? `[${e.code}] ` : ''}${e.message}`);
-    process.exitCode = exitCodeFor(err);
+    process.exitCode = reportError(err, wantsJson(process.argv.slice(2)));
   },
 );

@@ -1,21 +1,30 @@
 import { parseArgs } from 'node:util';
 import { migrateToLatest, migrationStatus } from '../db/migrate.js';
+import { printResult } from './output.js';
 import { withDb } from './withDb.js';
 
 export async function migrateCommand(argv: string[]): Promise<number> {
-  const { values } = parseArgs({ args: argv, options: { status: { type: 'boolean', default: false } } });
+  const { values } = parseArgs({
+    args: argv,
+    options: { status: { type: 'boolean', default: false }, json: { type: 'boolean' } },
+  });
   return withDb(async (db) => {
     if (values.status) {
-      for (const m of await migrationStatus(db)) {
-        console.log(
-          `${m.executedAt ? 'applied ' : 'pending '} ${m.name}${m.executedAt ? `  (${m.executedAt.toISOString()})` : ''}`,
-        );
-      }
+      const migrations = await migrationStatus(db);
+      printResult(values.json, migrations, () => {
+        for (const m of migrations) {
+          console.log(
+            `${m.executedAt ? 'applied ' : 'pending '} ${m.name}${m.executedAt ? `  (${m.executedAt.toISOString()})` : ''}`,
+          );
+        }
+      });
       return 0;
     }
     const ran = await migrateToLatest(db);
-    if (ran.length === 0) console.log('schema is up to date; no migration ran');
-    for (const name of ran) console.log(`ran ${name}`);
+    printResult(values.json, { ran }, () => {
+      if (ran.length === 0) console.log('schema is up to date; no migration ran');
+      for (const name of ran) console.log(`ran ${name}`);
+    });
     return 0;
   });
 }

@@ -1,6 +1,7 @@
 import type { z } from 'zod';
 import { ValidationError } from '../errors.js';
 import { parseOptions } from '../options.js';
+import { UsageError } from './output.js';
 
 export const defaultOperator = `spiffe://cairn.local/operator/${process.env.USER ?? 'unknown'}`;
 
@@ -24,7 +25,7 @@ export function operatorInput<S extends z.ZodType>(
 
 /**
  * Runs a command so that bad input (a ValidationError, or a flag `parseArgs` does not know)
- * exits 2 with the message, as a usage error does, and nothing has been written.
+ * is a UsageError: exit 2 with the message, and nothing has been written.
  */
 export async function exitTwoOnBadInput(run: () => Promise<number>): Promise<number> {
   try {
@@ -32,10 +33,7 @@ export async function exitTwoOnBadInput(run: () => Promise<number>): Promise<num
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
     if (err instanceof ValidationError || code?.startsWith('ERR_PARSE_ARGS_')) {
-      console.error(
-        `cairn: ${err instanceof ValidationError ? `[${err.code}] ` : ''}${(err as Error).message}`,
-      );
-      return 2;
+      throw new UsageError((err as Error).message, err);
     }
     throw err;
   }

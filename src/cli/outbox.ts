@@ -12,19 +12,21 @@ import {
 import { outboxStatus } from '../outbox/status.js';
 import { SpiffeId } from '../schemas/taskState.js';
 import { defaultOperator, exitTwoOnBadInput, operatorInput } from './operatorInput.js';
+import { printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
 const usage = `usage:
   cairn outbox status [--json]
-  cairn outbox parked
-  cairn outbox release <key> --topic <topic> [--tenant T] --reason "..." [--actor spiffe://...]
-  cairn outbox skip <message_id> --reason "..." [--actor spiffe://...]`;
+  cairn outbox parked [--json]
+  cairn outbox release <key> --topic <topic> [--tenant T] --reason "..." [--actor spiffe://...] [--json]
+  cairn outbox skip <message_id> --reason "..." [--actor spiffe://...] [--json]`;
 
 // One schema per sub-command, keyed by the flag (or usage) name an operator typed.
-const audited = { reason: OperatorReason, actor: SpiffeId.default(defaultOperator) };
+const json = z.boolean().optional();
+const audited = { reason: OperatorReason, actor: SpiffeId.default(defaultOperator), json };
 const inputs = {
-  status: z.strictObject({ json: z.boolean().optional() }),
-  parked: z.strictObject({}),
+  status: z.strictObject({ json }),
+  parked: z.strictObject({ json }),
   release: z.strictObject({ key: OutboxKey, topic: TopicName, tenant: z.string().optional(), ...audited }),
   skip: z.strictObject({ message_id: OutboxMessageId, ...audited }),
 };
@@ -47,27 +49,28 @@ export function outboxCommand(argv: string[]): Promise<number> {
       const a = operatorInput('outbox status', inputs.status, { values, extra: positionals.slice(1) });
       return withDb(async (db) => {
         const s = await outboxStatus(db);
-        if (a.json) console.log(JSON.stringify(s, null, 2));
-        else {
+        printResult(a.json, s, () => {
           console.log(
             `backlog ${s.backlog} message(s), oldest ${s.oldest_unpublished_seconds ?? '-'} s; parked keys ${s.parked_keys}; relays seen in the last 30 s ${s.relays_alive}`,
           );
           for (const l of s.lanes)
             console.log(`  ${l.owner}: ${l.lanes} lane(s), fencing tokens ${l.fencing_tokens}`);
-        }
+        });
         return 0;
       });
     }
     if (sub === 'parked') {
-      operatorInput('outbox parked', inputs.parked, { values, extra: positionals.slice(1) });
+      const a = operatorInput('outbox parked', inputs.parked, { values, extra: positionals.slice(1) });
       return withDb(async (db) => {
         const rows = await listParked(db);
-        if (rows.length === 0) console.log('no parked keys');
-        for (const r of rows) {
-          console.log(
-            `${r.tenant ? `${r.tenant}:` : ''}${r.topic}\t${r.key}\thead ${r.message_id}\t${r.waiting} waiting\tsince ${r.parked_at.toISOString()}\t${r.error}`,
-          );
-        }
+        printResult(a.json, rows, () => {
+          if (rows.length === 0) console.log('no parked keys');
+          for (const r of rows) {
+            console.log(
+              `${r.tenant ? `${r.tenant}:` : ''}${r.topic}\t${r.key}\thead ${r.message_id}\t${r.waiting} waiting\tsince ${r.parked_at.toISOString()}\t${r.error}`,
+            );
+          }
+        });
         return 0;
       });
     }
@@ -77,8 +80,11 @@ export function outboxCommand(argv: string[]): Promise<number> {
         extra,
       });
       return withDb(async (db) => {
-        await releaseKey(db, a);
-        console.log(`released ${a.topic}/${a.key}`);
+        const { json: _, ...release } = a;
+        await releaseKey(db, release);
+        printResult(a.json, { released: { topic: a.topic, key: a.key, tenant: a.tenant ?? null } }, () =>
+          console.log(`released ${a.topic}/${a.key}`),
+        );
         return 0;
       });
     }
@@ -89,11 +95,10 @@ export function outboxCommand(argv: string[]): Promise<number> {
       });
       return withDb(async (db) => {
         await skipMessage(db, { messageId: a.message_id, actor: a.actor, reason: a.reason });
-        console.log(`skipped ${a.message_id}`);
+        printResult(a.json, { skipped: a.message_id }, () => console.log(`skipped ${a.message_id}`));
         return 0;
       });
     }
-    console.error(usage);
-    return 2;
+    throw new UsageError(`\n${usage}`);
   });
 }

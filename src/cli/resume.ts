@@ -6,6 +6,8 @@ import { createReceiptStore } from '../receipts/receipts.js';
 import { parsePolicy, resume } from '../recovery/resume.js';
 import { createTaskStore } from '../state/taskStore.js';
 import { checkpointerFromEnv } from './checkpointKeys.js';
+import { UsageError } from './output.js';
+import { withDb } from './withDb.js';
 
 function readJson(flag: string, path: string | undefined): unknown {
   if (!path)
@@ -23,7 +25,7 @@ function readJson(flag: string, path: string | undefined): unknown {
  * `cairn resume <task> --workflow wf.json --policy policy.json --agent ID`: runs the resume
  * procedure from an operator's shell. Uncertain receipts are gated (a human decides): the
  * CLI has no compensation functions to run.
- */ import { withDb } from './withDb.js';
+ */
 
 export async function resumeCommand(argv: string[]): Promise<number> {
   const { positionals, values } = parseArgs({
@@ -40,11 +42,10 @@ export async function resumeCommand(argv: string[]): Promise<number> {
   });
   const taskId = positionals[0];
   if (!taskId || !values.agent) {
-    console.error(
+    throw new UsageError(
       'usage: cairn resume <task> --workflow wf.json --policy policy.json --agent ID [--keyring F] [--json]\n' +
         '  (CAIRN_KEYRING: the KEK file for encrypted checkpoints; CAIRN_CHECKPOINT_KEYS: the signing key ring)',
     );
-    return 2;
   }
   const workflowDefinition = readJson('workflow', values.workflow);
   // Validated before anything is opened: a policy that says "allowed": "false" is refused.

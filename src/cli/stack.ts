@@ -1,4 +1,5 @@
 import { down, status, up } from '../../scripts/stack/commands.js';
+import { UsageError } from './output.js';
 
 /** `cairn stack up|down|status`: the same as `npm run stack:*`. */
 export async function stackCommand(argv: string[]): Promise<number> {
@@ -6,9 +7,6 @@ export async function stackCommand(argv: string[]): Promise<number> {
   if (sub === 'up') await up();
   else if (sub === 'down') await down();
   else if (sub === 'status') return status();
-  else {
-    console.error('usage: cairn stack up|down|status');
-    return 2;
-  }
+  else throw new UsageError('usage: cairn stack up|down|status');
   return 0;
 }

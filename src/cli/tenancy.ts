@@ -1,42 +1,47 @@
 import { parseArgs } from 'node:util';
 import { localKeyring, writeKeyring } from '../crypto/keyProvider.js';
 import { createTenantKeys } from '../crypto/tenantKeys.js';
-import { CairnError } from '../errors.js';
 import { annotate, listHolds, placeHold, releaseHold } from '../retention/holds.js';
 import { runRetention, setRetentionPolicy } from '../retention/retention.js';
+import { printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
 const operator = `spiffe://cairn.local/operator/${process.env.USER ?? 'unknown'}`;
-const usageError = (usage: string) => new CairnError('usage', `\n${usage}`);
+const usageError = (usage: string) => new UsageError(`\n${usage}`);
 
 function keyringPath(value: string | undefined): string {
   const path = value ?? process.env.CAIRN_KEYRING;
-  if (!path) throw new CairnError('usage', 'name the keyring file: --keyring <file> or CAIRN_KEYRING');
+  if (!path) throw new UsageError('name the keyring file: --keyring <file> or CAIRN_KEYRING');
   return path;
 }
 
 const keysUsage = `usage:
-  cairn keys init --file F          a new keyring file (one key-encryption key; mode 600)
-  cairn keys rotate --file F        add a new KEK and make it current (old ones stay, to unwrap)
-  cairn keys rewrap [--keyring F]   rewrap every tenant data key under the current KEK`;
+  cairn keys init --file F [--json]          a new keyring file (one key-encryption key; mode 600)
+  cairn keys rotate --file F [--json]        add a new KEK and make it current (old ones stay, to unwrap)
+  cairn keys rewrap [--keyring F] [--json]   rewrap every tenant data key under the current KEK`;
 
 export async function keysCommand(argv: string[]): Promise<number> {
   const { positionals, values } = parseArgs({
     args: argv,
     allowPositionals: true,
-    options: { file: { type: 'string' }, keyring: { type: 'string' } },
+    options: { file: { type: 'string' }, keyring: { type: 'string' }, json: { type: 'boolean' } },
   });
   const [sub] = positionals;
   if ((sub === 'init' || sub === 'rotate') && values.file) {
-    const id = writeKeyring(values.file, { rotate: sub === 'rotate' });
-    console.log(`${values.file}: current key-encryption key ${id}`);
+    const file = values.file;
+    const id = writeKeyring(file, { rotate: sub === 'rotate' });
+    printResult(values.json, { file, current_kek_id: id }, () =>
+      console.log(`${file}: current key-encryption key ${id}`),
+    );
     return 0;
   }
   if (sub === 'rewrap') {
     const provider = localKeyring(keyringPath(values.keyring ?? values.file));
     return withDb(async (db) => {
       const r = await createTenantKeys({ db, provider }).rewrapAll();
-      console.log(`rewrapped ${r.rewrapped} data key(s) under ${r.kekId}; no payload was re-encrypted`);
+      printResult(values.json, r, () =>
+        console.log(`rewrapped ${r.rewrapped} data key(s) under ${r.kekId}; no payload was re-encrypted`),
+      );
       return 0;
     });
   }
@@ -44,14 +49,14 @@ export async function keysCommand(argv: string[]): Promise<number> {
 }
 
 const tenantUsage = `usage:
-  cairn tenant add <tenant> [--keyring F]          register a tenant and give it a data key
-  cairn tenant shred <tenant> --yes [--keyring F]  delete its data keys: its ciphertext becomes unreadable`;
+  cairn tenant add <tenant> [--keyring F] [--json]          register a tenant and give it a data key
+  cairn tenant shred <tenant> --yes [--keyring F] [--json]  delete its data keys: its ciphertext becomes unreadable`;
 
 export async function tenantCommand(argv: string[]): Promise<number> {
   const { positionals, values } = parseArgs({
     args: argv,
     allowPositionals: true,
-    options: { keyring: { type: 'string' }, yes: { type: 'boolean' } },
+    options: { keyring: { type: 'string' }, yes: { type: 'boolean' }, json: { type: 'boolean' } },
   });
   const [sub, tenant] = positionals;
   if (!tenant || (sub !== 'add' && sub !== 'shred')) throw usageError(tenantUsage);
@@ -60,21 +65,25 @@ export async function tenantCommand(argv: string[]): Promise<number> {
     const keys = createTenantKeys({ db, provider });
     if (sub === 'add') {
       const r = await keys.addTenant(tenant);
-      console.log(
-        `${tenant}: ${r.created ? 'registered, data key' : 'already registered, data key'} ${r.keyId}`,
+      printResult(values.json, { tenant_id: tenant, ...r }, () =>
+        console.log(
+          `${tenant}: ${r.created ? 'registered, data key' : 'already registered, data key'} ${r.keyId}`,
+        ),
       );
       return 0;
     }
-    if (!values.yes)
-      throw new CairnError('usage', `shredding cannot be undone: add --yes to shred ${tenant}`);
-    console.log(`${tenant}: ${await keys.shred(tenant)} data key(s) destroyed`);
+    if (!values.yes) throw new UsageError(`shredding cannot be undone: add --yes to shred ${tenant}`);
+    const destroyed = await keys.shred(tenant);
+    printResult(values.json, { tenant_id: tenant, destroyed }, () =>
+      console.log(`${tenant}: ${destroyed} data key(s) destroyed`),
+    );
     return 0;
   });
 }
 
 const holdUsage = `usage:
-  cairn hold place (--task T | --tenant X) --reason "..." [--actor spiffe://...]
-  cairn hold release (--task T | --tenant X) [--actor spiffe://...]
+  cairn hold place (--task T | --tenant X) --reason "..." [--actor spiffe://...] [--json]
+  cairn hold release (--task T | --tenant X) [--actor spiffe://...] [--json]
   cairn hold list [--tenant X] [--all] [--json]`;
 
 export async function holdCommand(argv: string[]): Promise<number> {
@@ -98,13 +107,16 @@ export async function holdCommand(argv: string[]): Promise<number> {
   return withDb(async (db) => {
     if (sub === 'place') {
       const h = await placeHold(db, { ...target, reason: values.reason ?? '', actor: values.actor! });
-      console.log(
-        `${h.created ? 'hold' : 'already held:'} ${h.holdId} on ${h.taskId ? `task ${h.taskId}` : `tenant ${h.tenantId}`}: ${h.reason}`,
+      printResult(values.json, h, () =>
+        console.log(
+          `${h.created ? 'hold' : 'already held:'} ${h.holdId} on ${h.taskId ? `task ${h.taskId}` : `tenant ${h.tenantId}`}: ${h.reason}`,
+        ),
       );
       return 0;
     }
     if (sub === 'release') {
-      console.log(`released ${await releaseHold(db, { ...target, actor: values.actor! })} hold(s)`);
+      const released = await releaseHold(db, { ...target, actor: values.actor! });
+      printResult(values.json, { released }, () => console.log(`released ${released} hold(s)`));
       return 0;
     }
     if (sub === 'list') {
@@ -129,19 +141,25 @@ export async function annotateCommand(argv: string[]): Promise<number> {
   const { positionals, values } = parseArgs({
     args: argv,
     allowPositionals: true,
-    options: { body: { type: 'string' }, author: { type: 'string', default: operator } },
+    options: {
+      body: { type: 'string' },
+      author: { type: 'string', default: operator },
+      json: { type: 'boolean' },
+    },
   });
   const [taskId] = positionals;
-  if (!taskId) throw usageError('usage: cairn annotate <task> --body "..." [--author spiffe://...]');
+  if (!taskId) throw usageError('usage: cairn annotate <task> --body "..." [--author spiffe://...] [--json]');
   return withDb(async (db) => {
     const id = await annotate(db, { taskId, author: values.author!, body: values.body ?? '' });
-    console.log(`annotation ${id} added to ${taskId}`);
+    printResult(values.json, { annotation_id: id, task_id: taskId }, () =>
+      console.log(`annotation ${id} added to ${taskId}`),
+    );
     return 0;
   });
 }
 
 const retentionUsage = `usage:
-  cairn retention policy --tenant X --class public|internal|confidential --days N
+  cairn retention policy --tenant X --class public|internal|confidential --days N [--json]
   cairn retention run [--tenant X] [--batch 100] [--dry-run] [--actor spiffe://...] [--json]
   cairn retention certificates [--run ID] [--json]`;
 
@@ -168,7 +186,10 @@ export async function retentionCommand(argv: string[]): Promise<number> {
         dataClass: values.class,
         retainDays: Number(values.days),
       });
-      console.log(`${values.tenant}: ${values.class} data kept ${values.days} day(s) after a task ends`);
+      const policy = { tenant_id: values.tenant, data_class: values.class, retain_days: Number(values.days) };
+      printResult(values.json, policy, () =>
+        console.log(`${values.tenant}: ${values.class} data kept ${values.days} day(s) after a task ends`),
+      );
       return 0;
     }
     if (sub === 'run') {

@@ -3,20 +3,26 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 /**
- * `cairn --version`: the name and version of the package this file belongs to. Found by
- * walking up from this file, so it holds for src/cli (tsx in a checkout) and for
- * dist/src/cli (an installed package) alike.
+ * The name and version of the package this file belongs to. Found by walking up from this
+ * file, so it holds for src/cli (tsx in a checkout) and for dist/src/cli (an installed
+ * package) alike.
  */
-export function packageVersion(): string {
+export function packageInfo(): { name: string; version: string } | undefined {
   let dir = dirname(fileURLToPath(import.meta.url));
   for (;;) {
     const file = join(dir, 'package.json');
     if (existsSync(file)) {
       const pkg = JSON.parse(readFileSync(file, 'utf8')) as { name?: string; version?: string };
-      if (pkg.name && pkg.version) return `${pkg.name} ${pkg.version}`;
+      if (pkg.name && pkg.version) return { name: pkg.name, version: pkg.version };
     }
     const up = dirname(dir);
-    if (up === dir) return 'cairn (version unknown: no package.json above the CLI)';
+    if (up === dir) return undefined;
     dir = up;
   }
+}
+
+/** `cairn --version`. */
+export function packageVersion(): string {
+  const p = packageInfo();
+  return p ? `${p.name} ${p.version}` : 'cairn (version unknown: no package.json above the CLI)';
 }

@@ -1,0 +1,49 @@
+import { CairnError } from '../errors.js';
+import { ExitCode, exitCodeFor } from '../exitCodes.js';
+
+/** Wrong arguments (an unknown command or flag, a missing or malformed value): exit 2. */
+export class UsageError extends CairnError {
+  constructor(message: string, cause?: unknown) {
+    super('usage', message, { cause });
+  }
+}
+
+/** `--json` given before any `--`: results go to stdout and errors to stderr as JSON. */
+export function wantsJson(argv: readonly string[]): boolean {
+  const end = argv.indexOf('--');
+  return (end === -1 ? argv : argv.slice(0, end)).includes('--json');
+}
+
+/** A command's result: the data as JSON with --json, else the readable lines `text` prints. */
+export function printResult(json: boolean | undefined, data: unknown, text: () => void): void {
+  if (json) console.log(JSON.stringify(data, null, 2));
+  else text();
+}
+
+/** What an error means to a script: its stable code, its message, and whether to retry. */
+export function describeError(err: unknown): { code: string; message: string; retriable: boolean } {
+  if (err instanceof CairnError) return { code: err.code, message: err.message, retriable: err.retriable };
+  const e = err as NodeJS.ErrnoException | undefined;
+  // node:util parseArgs refusing a flag is an operator's typo, like any usage error.
+  if (typeof e?.code === 'string' && e.code.startsWith('ERR_PARSE_ARGS_')) {
+    return { code: 'usage', message: e.message, retriable: false };
+  }
+  return { code: 'unexpected', message: e instanceof Error ? e.message : String(err), retriable: false };
+}
+
+/** The exit code for an error: 2 for usage, the rest as src/exitCodes.ts says. */
+export function cliExitCode(err: unknown): number {
+  return describeError(err).code === 'usage' ? ExitCode.usage : exitCodeFor(err);
+}
+
+/**
+ * Prints an error on stderr, as one JSON object `{"error":{"code","message","retriable"}}`
+ * with --json (one line, so a script can parse stderr whole) or as `cairn: [code] message`,
+ * and returns the exit code, which is the same either way.
+ */
+export function reportError(err: unknown, json: boolean): number {
+  const d = describeError(err);
+  if (json) process.stderr.write(`${JSON.stringify({ error: d })}\n`);
+  else process.stderr.write(`cairn: ${d.code === 'unexpected' ? '' : `[${d.code}] `}${d.message}\n`);
+  return cliExitCode(err);
+}
