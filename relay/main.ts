@@ -1,21 +1,22 @@
 /**
  * The relay as a process (`cairn relay`, or `tsx relay/main.ts`). Configuration from the
  * environment: DATABASE_URL, KAFKA_BROKERS, CAIRN_RELAY_INSTANCE, CAIRN_RELAY_BATCH,
- * CAIRN_RELAY_LEASE_TTL_MS, CAIRN_RELAY_MAX_IDLE_MS, CAIRN_RELAY_REPLICATION_BARRIER (auto|off), CAIRN_METRICS_PORT (serves /metrics,
- * /healthz, /readyz on 127.0.0.1 when set). SIGTERM/SIGINT finish the batch in
- * flight, release the lanes and exit 0.
+ * CAIRN_RELAY_LEASE_TTL_MS, CAIRN_RELAY_MAX_IDLE_MS, CAIRN_RELAY_REPLICATION_BARRIER (auto|off),
+ * CAIRN_METRICS_PORT (serves /metrics, /healthz, /readyz when set) on CAIRN_METRICS_HOST
+ * (default 127.0.0.1). SIGTERM/SIGINT finish the batch in flight, release the lanes and exit 0.
  *
  * Started while Postgres or the broker is down, it waits for them (logged with the address,
  * /readyz 503, cairn_relay_waiting_for 1) and starts publishing once they answer. It exits
  * with ExitCode.configuration (78) on a configuration error: a malformed DATABASE_URL or
- * KAFKA_BROKERS, credentials refused, a database that does not exist.
+ * KAFKA_BROKERS, credentials refused, a database that does not exist, a metrics address it
+ * cannot bind (the port taken).
  */
 import { createDb } from '../src/db/database.js';
 import { databaseUrlFromEnv, kafkaBrokersFromEnv } from '../src/env.js';
 import { exitCodeFor } from '../src/exitCodes.js';
 import { createKafkaPublisher } from '../src/kafka/publisher.js';
 import { createLogger } from '../src/logger.js';
-import { startMetricsServer } from '../src/metrics/metricsServer.js';
+import { metricsAddressFromEnv, startMetricsServer } from '../src/metrics/metricsServer.js';
 import { relayMetrics } from './metrics.js';
 import { createRelay } from './relay.js';
 
@@ -27,6 +28,7 @@ function killAfter(batch: number) {
 
 export async function runRelayProcess(): Promise<number> {
   const logger = createLogger({ name: 'cairn-relay' });
+  const metricsAddress = metricsAddressFromEnv();
   const db = createDb({ connectionString: databaseUrlFromEnv(), max: 4, applicationName: 'cairn-relay' });
   const num = (name: string) => (process.env[name] ? Number(process.env[name]) : undefined);
   const relay = createRelay({
@@ -50,16 +52,21 @@ export async function runRelayProcess(): Promise<number> {
   process.once('SIGTERM', stop);
   process.once('SIGINT', stop);
   logger.info({ instance: relay.instanceId }, 'relay started');
-  const metricsPort = num('CAIRN_METRICS_PORT');
-  const metrics =
-    metricsPort !== undefined
+  let metrics: Awaited<ReturnType<typeof startMetricsServer>> | undefined;
+  try {
+    metrics = metricsAddress
       ? await startMetricsServer({
           registry: relayMetrics(relay, db),
-          port: metricsPort,
+          ...metricsAddress,
           ready: () => relay.stats().waitingFor === null && relay.stats().lanesOwned > 0,
         })
       : undefined;
-  if (metrics) logger.info({ port: metrics.port }, 'metrics on /metrics, /healthz, /readyz');
+  } catch (err) {
+    await db.destroy(); // nothing else is open yet: the relay has not run
+    throw err;
+  }
+  if (metrics)
+    logger.info({ host: metrics.host, port: metrics.port }, 'metrics on /metrics, /healthz, /readyz');
   try {
     await relay.run();
   } finally {

@@ -5,7 +5,7 @@ import type { Db } from '../../src/db/database.js';
 import { databaseUrlFromEnv, kafkaBrokersFromEnv } from '../../src/env.js';
 import { exitCodeFor } from '../../src/exitCodes.js';
 import type { Logger } from '../../src/logger.js';
-import { startMetricsServer } from '../../src/metrics/metricsServer.js';
+import { metricsAddressFromEnv, startMetricsServer } from '../../src/metrics/metricsServer.js';
 
 /** The subscriber's onRestart for demo processes: logs it and counts it in demo_event. */
 export function countConsumerRestarts(db: Db, logger: Logger) {
@@ -32,22 +32,28 @@ function exitOn(name: string, err: unknown): never {
 /**
  * Runs the consumer until SIGTERM, then stops it, closes the database and exits 0. While
  * Postgres or the broker does not answer at start, the consumer waits (and says so); with
- * CAIRN_METRICS_PORT set, /readyz answers 503 until it consumes and /metrics shows
- * cairn_inbox_waiting_for. A configuration error exits 78 (src/exitCodes.ts).
+ * CAIRN_METRICS_PORT set (bound on CAIRN_METRICS_HOST, default 127.0.0.1), /readyz answers 503
+ * until it consumes and /metrics shows cairn_inbox_waiting_for. A configuration error (a
+ * metrics port already taken too) exits 78 (src/exitCodes.ts).
  */
 export async function runUntilSigterm(
   consumer: InboxConsumer,
   o: { name: string; db: Db; groupId: string; topics: string[] },
 ): Promise<void> {
   let consuming = false;
-  const port = process.env.CAIRN_METRICS_PORT;
-  const metrics = port
-    ? await startMetricsServer({
-        registry: inboxMetrics(consumer, { db: o.db, groupId: o.groupId, topics: o.topics }),
-        port: Number(port),
-        ready: () => consuming,
-      })
-    : undefined;
+  let metrics: Awaited<ReturnType<typeof startMetricsServer>> | undefined;
+  try {
+    const address = metricsAddressFromEnv();
+    metrics = address
+      ? await startMetricsServer({
+          registry: inboxMetrics(consumer, { db: o.db, groupId: o.groupId, topics: o.topics }),
+          ...address,
+          ready: () => consuming,
+        })
+      : undefined;
+  } catch (err) {
+    exitOn(o.name, err);
+  }
   process.once('SIGTERM', () => {
     void consumer
       .stop()
