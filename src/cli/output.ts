@@ -28,7 +28,9 @@ export function describeError(err: unknown): { code: string; message: string; re
   if (typeof e?.code === 'string' && e.code.startsWith('ERR_PARSE_ARGS_')) {
     return { code: 'usage', message: e.message, retriable: false };
   }
-  return { code: 'unexpected', message: e instanceof Error ? e.message : String(err), retriable: false };
+  // Not Cairn's: kafkajs's errors carry `retriable` too, which is worth passing on.
+  const retriable = (err as { retriable?: unknown } | undefined)?.retriable === true;
+  return { code: 'unexpected', message: e instanceof Error ? e.message : String(err), retriable };
 }
 
 /** The exit code for an error: 2 for usage, the rest as src/exitCodes.ts says. */
