@@ -5,7 +5,7 @@ import { isConfigurationSqlError, isRetriableSqlError } from '../src/db/sqlstate
 import type { Publisher } from '../src/kafka/publisher.js';
 import type { ReceivedBatch, ReceivedMessage, Subscriber } from '../src/kafka/subscriber.js';
 import { type Logger, silentLogger } from '../src/logger.js';
-import { HEADER } from '../src/outbox/wire.js';
+import { DLQ_HEADER, HEADER } from '../src/outbox/wire.js';
 import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
 import { claimVersion } from './sql/claimVersion.js';
 import { appliedBy, inboxKey, insertInboxRows } from './sql/insertInboxRows.js';
@@ -188,13 +188,13 @@ export function createInboxConsumer(options: InboxConsumerOptions): InboxConsume
         value: m.value ?? Buffer.alloc(0),
         headers: {
           ...m.headers,
-          'cairn-message-id': m.messageId,
-          'cairn-dlq-error': message.slice(0, 2000),
-          'cairn-dlq-consumer-group': groupId,
-          'cairn-dlq-original-topic': m.topic,
-          'cairn-dlq-original-partition': String(m.partition),
-          'cairn-dlq-original-offset': m.offset,
-          'cairn-dlq-attempts': String(attempts),
+          [HEADER.messageId]: m.messageId,
+          [DLQ_HEADER.error]: message.slice(0, 2000),
+          [DLQ_HEADER.consumerGroup]: groupId,
+          [DLQ_HEADER.originalTopic]: m.topic,
+          [DLQ_HEADER.originalPartition]: String(m.partition),
+          [DLQ_HEADER.originalOffset]: m.offset,
+          [DLQ_HEADER.attempts]: String(attempts),
         },
       },
     ]);

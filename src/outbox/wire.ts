@@ -19,6 +19,26 @@ export const HEADER = {
   taskSeq: 'cairn-task-seq',
 } as const;
 
+/**
+ * The headers an inbox consumer adds when it sends a message it could not apply to
+ * `<topic>.dlq` (beside the original's headers, `cairn-message-id` kept): where it came from
+ * and why it failed, so `cairn inbox replay` and an operator can find it again.
+ */
+export const DLQ_HEADER = {
+  /** The handler's error message, cut at 2,000 characters. */
+  error: 'cairn-dlq-error',
+  /** The consumer group that gave up on it. */
+  consumerGroup: 'cairn-dlq-consumer-group',
+  /** The topic it was read from. */
+  originalTopic: 'cairn-dlq-original-topic',
+  /** Its partition there. */
+  originalPartition: 'cairn-dlq-original-partition',
+  /** Its offset there. */
+  originalOffset: 'cairn-dlq-original-offset',
+  /** How many attempts failed before it was dead-lettered. */
+  attempts: 'cairn-dlq-attempts',
+} as const;
+
 /** Headers under this prefix are Cairn's alone (the dead-letter headers `cairn-dlq-*` too). */
 export const RESERVED_PREFIX = 'cairn-';
 
