@@ -13,11 +13,21 @@ export interface Child {
 
 const bundles = new Map<string, string>();
 
-// Children never outlive the process that started them, even when a test fails halfway.
+// Children never outlive the process that started them, even when a test fails halfway or
+// times out and its worker is ended with a signal (no 'exit' event then: seen, demo agents of
+// a timed-out soak test were still running after vitest had finished).
 const live = new Set<ChildProcess>();
-process.once('exit', () => {
+const killAll = () => {
   for (const p of live) p.kill('SIGKILL');
-});
+};
+process.once('exit', killAll);
+for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) {
+  process.once(sig, () => {
+    killAll();
+    // Nobody else listens: do what the signal would have done.
+    if (process.listenerCount(sig) === 0) process.kill(process.pid, sig);
+  });
+}
 
 /**
  * Bundles a TypeScript entry point once per process (esbuild, dependencies left external) so
