@@ -284,7 +284,12 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     }
   })();
   let lastProgress = 0;
-  while (Date.now() < chaosUntil) {
+  // A short run on a busy machine may not reach every kind of fault in its minutes: it goes
+  // on (for up to four times as long) until each kind happened once.
+  const everyKind = () =>
+    WEIGHTS.every(([k]) => counts[k] > 0 || (k === 'broker_restart' && !o.canRestartBroker));
+  const faultsUntil = chaosUntil + 4 * o.minutes * 60_000;
+  while (Date.now() < chaosUntil || (!everyKind() && Date.now() < faultsUntil)) {
     await new Promise((r) => setTimeout(r, o.faultEveryMs));
     await fault().catch((e: Error) => o.log(`[chaos] fault failed: ${e.message}`));
     if (Date.now() - lastProgress > 10_000) {
@@ -295,7 +300,11 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
   await creator;
 
   // --- settle ---------------------------------------------------------------------------------
-  const settleUntil = Date.now() + o.settleS * 1000;
+  // The deadline is for a stall: while open work keeps shrinking (a busy machine is slow, not
+  // stuck) it moves on, up to four settle periods in all.
+  const settleCap = Date.now() + 4 * o.settleS * 1000;
+  let settleUntil = Date.now() + o.settleS * 1000;
+  let left = Number.POSITIVE_INFINITY;
   for (;;) {
     const s = await sql<{ open: number; outbox: number; unobserved: number }>`
       SELECT (SELECT count(*) FROM task_state WHERE status NOT IN ('complete','failed','cancelled','expired'))::int AS open,
@@ -307,6 +316,11 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
       .catch(() => ({ rows: [{ open: -1, outbox: -1, unobserved: -1 }] }));
     const r = s.rows[0]!;
     if (r.open === 0 && r.outbox === 0 && r.unobserved === 0) break;
+    const now = r.open + r.outbox + r.unobserved;
+    if (r.open >= 0 && now < left) {
+      left = now;
+      settleUntil = Math.min(settleCap, Date.now() + o.settleS * 1000);
+    }
     if (Date.now() > settleUntil) {
       o.log(
         `[chaos] settle timed out: ${r.open} open tasks, ${r.outbox} outbox rows, ${r.unobserved} events unobserved`,

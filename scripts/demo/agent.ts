@@ -94,7 +94,9 @@ const consumer = createInboxConsumer({
   dlqPublisher: createKafkaPublisher({ brokers }),
   logger,
   chunkSize: 5,
-  maxAttempts: 20,
+  // Contended work (a deploy lease held by a frozen tester) retries for minutes, not seconds,
+  // before it is dead-lettered: on a busy machine 20 tries were used up in under a minute.
+  maxAttempts: 100,
   retryBaseMs: 100,
   retryMaxMs: 2000,
   refuseStaleVersions: false,
