@@ -275,7 +275,7 @@ export function createRelay(options: RelayOptions): Relay {
       if (!isPoisonError(err)) throw new PublishFailed(err);
       ({ sent: sentIds, failure } = await isolatePoison(ready));
     }
-    options.hooks?.afterPublish?.(
+    await options.hooks?.afterPublish?.(
       stats.batches + 1,
       rows.map((r) => r.message_id),
     );

@@ -26,7 +26,8 @@ export interface RelayOptions {
   wakeOnNotify?: string;
   /** Test hooks at named points; a crash test SIGKILLs the process from here. */
   hooks?: {
-    afterPublish?(batchNumber: number, messageIds: readonly string[]): void;
+    /** After the broker acked a batch, before its rows are deleted (may pause the relay here). */
+    afterPublish?(batchNumber: number, messageIds: readonly string[]): void | Promise<void>;
     /** Before each single-message publish while a refused batch is searched for its culprit. */
     beforeIsolatedPublish?(messageId: string): void | Promise<void>;
   };
