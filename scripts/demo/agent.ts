@@ -10,7 +10,7 @@ import { sql } from 'kysely';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { createDb } from '../../src/db/database.js';
-import { CairnError } from '../../src/errors.js';
+import { CairnError, LeaseLostError } from '../../src/errors.js';
 import { createKafkaPublisher } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
@@ -75,6 +75,11 @@ async function deploy(taskId: string): Promise<void> {
       },
     });
     if (r.status !== 'succeeded') throw retryLater(`deploy of ${taskId} is ${r.status}`);
+  } catch (err) {
+    // The 2 s lease lapsed (a frozen or starved tester) before the effect ran: the fence
+    // working; try again (a dead letter here would strand the task in testing).
+    if (err instanceof LeaseLostError) throw retryLater(`deploy of ${taskId}: ${err.message}`);
+    throw err;
   } finally {
     await leases.release(lease).catch(() => {});
   }

@@ -138,6 +138,27 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
   /** Runs the effect for an intent this worker holds, and records how it ended. */
   async function execute<T>(input: RunOnceInput<T>, ref: Ref, attempt: number): Promise<RunOnceResult<T>> {
     await options.hooks?.afterIntent?.();
+    // A worker slow between its intent and its effect (paused past its lease) must not start
+    // the effect once another holds the task: it looks at its fence again, and if it is gone
+    // the effect did not run, which the receipt can say for certain (unless the new holder
+    // already took it over). Between this check and the effect the window stays; a late
+    // success is then handled by lateSuccess.
+    if (input.lease && !(await holdsFence(db, input.lease))) {
+      await db
+        .updateTable('tool_receipt')
+        .set({
+          status: 'failed',
+          error: 'lease lost before the effect: it did not run',
+          finished_at: sql<Date>`now()`,
+        })
+        .where('receipt_id', '=', ref.receiptId)
+        .where('status', '=', 'started')
+        .where('attempt', '=', attempt)
+        .execute();
+      throw new LeaseLostError(
+        `receipt ${input.tool} at ${input.step} of task ${input.taskId}: lease token ${input.lease.fencingToken} was lost after the intent; the effect did not run`,
+      );
+    }
     let result: T;
     try {
       result = await input.effect({ ...ref, attempt });
