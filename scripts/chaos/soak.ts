@@ -244,9 +244,12 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
         injected.sessionsTerminated += await faults.terminateSessions();
         break;
       case 'broker_restart':
-        await faults.restartBroker();
+        // Counted when attempted: on a starved machine the restarted broker may answer only
+        // after the readiness wait gave up, and the restart is not tried again and again.
+        counts.broker_restart++;
         lastBrokerRestart = Date.now();
-        break;
+        await faults.restartBroker();
+        return;
       case 'stale_write':
         if (!(await staleWrite())) {
           if (counts.stale_write === 0) firstRound.push('stale_write'); // no task to race yet: later

@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type { Kafka } from 'kafkajs';
+import pRetry from 'p-retry';
 import type { Db } from '../db/database.js';
 import { HEADER } from '../outbox/wire.js';
 
@@ -68,7 +69,15 @@ export async function readTopicsToEnd(
   const remaining = new Map<string, bigint>(); // "topic/partition" -> last offset to read
   try {
     for (const topic of topics) {
-      for (const p of await admin.fetchTopicOffsets(topic)) {
+      // Right after a broker restart or a leader election the broker answers "not the leader"
+      // for a while: an outage of seconds, not an answer. Retried; anything else is thrown.
+      const offsets = await pRetry(() => admin.fetchTopicOffsets(topic), {
+        retries: 10,
+        minTimeout: 200,
+        maxTimeout: 3000,
+        shouldRetry: ({ error }) => (error as { retriable?: unknown }).retriable === true,
+      });
+      for (const p of offsets) {
         if (BigInt(p.high) > BigInt(p.low)) remaining.set(`${topic}/${p.partition}`, BigInt(p.high) - 1n);
       }
     }
