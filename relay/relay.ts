@@ -1,17 +1,15 @@
 import { randomUUID } from 'node:crypto';
 import { sql } from 'kysely';
-import pRetry, { AbortError } from 'p-retry';
 import pg from 'pg';
 import { databaseAddress, pingDatabase } from '../src/db/database.js';
 import { isConfigurationSqlError, mapSqlError } from '../src/db/sqlstate.js';
 import { ConfigurationError } from '../src/errors.js';
 import { isKafkaConfigurationError, isPoisonError } from '../src/kafka/classifyError.js';
-import type { PublishMessage } from '../src/kafka/publisher.js';
 import { silentLogger } from '../src/logger.js';
 import { LANE_COUNT } from '../src/outbox/lanes.js';
 import { OUTBOX_CHANNEL } from '../src/outbox/outbox.js';
-import { BadRowError, wireHeaders } from '../src/outbox/wire.js';
 import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
+import { isolatePoison, type PublishContext, publishWithRetry, toMessages } from './publishBatch.js';
 import { type ClaimedRow, claimBatch } from './sql/claimBatch.js';
 import { deleteFenced } from './sql/deleteFenced.js';
 import {
@@ -24,7 +22,6 @@ import {
   seedLanes,
   synchronousReplication,
 } from './sql/laneLeases.js';
-import { parkKey } from './sql/parkKey.js';
 import type { Relay, RelayOptions, RelayStats } from './types.js';
 
 export type { Relay, RelayOptions, RelayStats } from './types.js';
@@ -89,105 +86,14 @@ export function createRelay(options: RelayOptions): Relay {
     stats.lanesOwned = owned.size;
   }
 
-  /** A row and the message it becomes (Cairn's headers from its columns, src/outbox/wire.ts). */
-  interface Ready {
-    row: ClaimedRow;
-    message: PublishMessage;
-  }
-  const keyOf = (r: ClaimedRow) => `${r.tenant_id ?? ''}\u0000${r.topic}\u0000${r.key}`;
-
-  async function park(r: ClaimedRow, err: unknown): Promise<void> {
-    stats.parked++;
-    const message = (err as Error).message ?? String(err);
-    await parkKey(db, {
-      tenant: r.tenant_id,
-      topic: r.topic,
-      key: r.key,
-      messageId: r.message_id,
-      id: r.id,
-      error: message,
-    });
-    log.error(
-      { message_id: r.message_id, lane: r.lane, key: r.key, tenant: r.tenant_id, err: message },
-      'message can never be published as it is; key parked',
-    );
-  }
-
-  /**
-   * Turns claimed rows into messages. A row that can never be published as it is (its stored
-   * headers are not an object of strings: written by hand, past the outbox's CHECK) parks its
-   * key before anything reaches the client: every other key flows, this one's order holds.
-   */
-  async function toMessages(rows: readonly ClaimedRow[]): Promise<{ ready: Ready[]; parkedAny: boolean }> {
-    const ready: Ready[] = [];
-    const parked = new Set<string>();
-    for (const r of rows) {
-      const k = keyOf(r);
-      if (parked.has(k)) continue;
-      try {
-        ready.push({
-          row: r,
-          message: { topic: r.topic, key: r.key, value: r.payload, headers: wireHeaders(r.headers, r) },
-        });
-      } catch (err) {
-        if (!(err instanceof BadRowError)) throw err;
-        parked.add(k);
-        await park(r, err);
-      }
-    }
-    return { ready, parkedAny: parked.size > 0 };
-  }
-
-  /** Publishes with retries for retriable errors; a non-retriable one is thrown as is. */
-  async function publishWithRetry(batch: readonly Ready[]): Promise<void> {
-    await pRetry(
-      async () => {
-        try {
-          await options.publisher.publish(batch.map((b) => b.message));
-        } catch (err) {
-          if (isPoisonError(err)) throw new AbortError(err as Error);
-          throw err;
-        }
-      },
-      {
-        retries: options.publishRetries ?? 8,
-        minTimeout: 100,
-        maxTimeout: 2000,
-        onFailedAttempt: ({ error, attemptNumber }) => {
-          stats.retries++;
-          log.warn(
-            { err: error.message, attempt: attemptNumber, size: batch.length },
-            'publish failed; retrying',
-          );
-        },
-      },
-    );
-  }
-
-  /**
-   * A batch was refused by the broker: publish message by message in id order to find the
-   * culprit, park its key (its later messages wait), let every other key go on. Only a
-   * refusal parks a key: any other failure here (the broker went away mid-isolation) stops
-   * the isolation, and the batch is tried again later with nothing parked.
-   */
-  async function isolatePoison(batch: readonly Ready[]): Promise<{ sent: number[]; failure?: unknown }> {
-    const sent: number[] = [];
-    const parkedKeys = new Set<string>();
-    for (const b of batch) {
-      const k = keyOf(b.row);
-      if (parkedKeys.has(k)) continue;
-      try {
-        await options.hooks?.beforeIsolatedPublish?.(b.row.message_id);
-        await publishWithRetry([b]);
-        sent.push(b.row.id);
-      } catch (err) {
-        if (!isPoisonError(err)) return { sent, failure: err };
-        parkedKeys.add(k);
-        await park(b.row, err);
-      }
-    }
-    return { sent };
-  }
+  const publishing: PublishContext = {
+    db,
+    publisher: options.publisher,
+    log,
+    stats,
+    publishRetries: options.publishRetries,
+    hooks: options.hooks,
+  };
 
   // Pipelining: while batch N is published, batch N+1 is claimed (excluding N's rows), and
   // N's delete runs while N+1 is claimed and published. Measured on the 2-core dev machine
@@ -260,7 +166,7 @@ export function createRelay(options: RelayOptions): Relay {
       prefetch = claimBatch(db, [...owned.keys()], batchSize, exclude);
       prefetch.catch(() => {}); // awaited (or dropped) later; never an unhandled rejection
     }
-    const { ready, parkedAny } = await toMessages(rows);
+    const { ready, parkedAny } = await toMessages(publishing, rows);
     // The prefetch may hold later messages of a key parked now: claim afresh instead.
     if (parkedAny) prefetch = undefined;
     // With a synchronous standby, publish only what the standby is known to have.
@@ -268,12 +174,12 @@ export function createRelay(options: RelayOptions): Relay {
     let sentIds: number[];
     let failure: unknown;
     try {
-      if (ready.length > 0) await timed('publish', publishWithRetry(ready));
+      if (ready.length > 0) await timed('publish', publishWithRetry(publishing, ready));
       sentIds = ready.map((b) => b.row.id);
     } catch (err) {
       prefetch = undefined;
       if (!isPoisonError(err)) throw new PublishFailed(err);
-      ({ sent: sentIds, failure } = await isolatePoison(ready));
+      ({ sent: sentIds, failure } = await isolatePoison(publishing, ready));
     }
     await options.hooks?.afterPublish?.(
       stats.batches + 1,

@@ -1,0 +1,129 @@
+import pRetry, { AbortError } from 'p-retry';
+import type { Db } from '../src/db/database.js';
+import { isPoisonError } from '../src/kafka/classifyError.js';
+import type { Publisher, PublishMessage } from '../src/kafka/publisher.js';
+import type { Logger } from '../src/logger.js';
+import { BadRowError, wireHeaders } from '../src/outbox/wire.js';
+import type { ClaimedRow } from './sql/claimBatch.js';
+import { parkKey } from './sql/parkKey.js';
+import type { RelayOptions, RelayStats } from './types.js';
+
+/**
+ * From claimed rows to acknowledged messages: Cairn's headers from the row's columns, retries
+ * for what is transient, and a key parked when its head message can never be published (a
+ * row that cannot be encoded, or a broker refusal), so every other key flows.
+ */
+export interface PublishContext {
+  db: Db;
+  publisher: Publisher;
+  log: Logger;
+  stats: RelayStats;
+  publishRetries: number | undefined;
+  hooks: RelayOptions['hooks'];
+}
+
+/** A row and the message it becomes (Cairn's headers from its columns, src/outbox/wire.ts). */
+export interface Ready {
+  row: ClaimedRow;
+  message: PublishMessage;
+}
+export const keyOf = (r: ClaimedRow) => `${r.tenant_id ?? ''}\u0000${r.topic}\u0000${r.key}`;
+
+async function park(c: PublishContext, r: ClaimedRow, err: unknown): Promise<void> {
+  c.stats.parked++;
+  const message = (err as Error).message ?? String(err);
+  await parkKey(c.db, {
+    tenant: r.tenant_id,
+    topic: r.topic,
+    key: r.key,
+    messageId: r.message_id,
+    id: r.id,
+    error: message,
+  });
+  c.log.error(
+    { message_id: r.message_id, lane: r.lane, key: r.key, tenant: r.tenant_id, err: message },
+    'message can never be published as it is; key parked',
+  );
+}
+
+/**
+ * Turns claimed rows into messages. A row that can never be published as it is (its stored
+ * headers are not an object of strings: written by hand, past the outbox's CHECK) parks its
+ * key before anything reaches the client: every other key flows, this one's order holds.
+ */
+export async function toMessages(
+  c: PublishContext,
+  rows: readonly ClaimedRow[],
+): Promise<{ ready: Ready[]; parkedAny: boolean }> {
+  const ready: Ready[] = [];
+  const parked = new Set<string>();
+  for (const r of rows) {
+    const k = keyOf(r);
+    if (parked.has(k)) continue;
+    try {
+      ready.push({
+        row: r,
+        message: { topic: r.topic, key: r.key, value: r.payload, headers: wireHeaders(r.headers, r) },
+      });
+    } catch (err) {
+      if (!(err instanceof BadRowError)) throw err;
+      parked.add(k);
+      await park(c, r, err);
+    }
+  }
+  return { ready, parkedAny: parked.size > 0 };
+}
+
+/** Publishes with retries for retriable errors; a non-retriable one is thrown as is. */
+export async function publishWithRetry(c: PublishContext, batch: readonly Ready[]): Promise<void> {
+  await pRetry(
+    async () => {
+      try {
+        await c.publisher.publish(batch.map((b) => b.message));
+      } catch (err) {
+        if (isPoisonError(err)) throw new AbortError(err as Error);
+        throw err;
+      }
+    },
+    {
+      retries: c.publishRetries ?? 8,
+      minTimeout: 100,
+      maxTimeout: 2000,
+      onFailedAttempt: ({ error, attemptNumber }) => {
+        c.stats.retries++;
+        c.log.warn(
+          { err: error.message, attempt: attemptNumber, size: batch.length },
+          'publish failed; retrying',
+        );
+      },
+    },
+  );
+}
+
+/**
+ * A batch was refused by the broker: publish message by message in id order to find the
+ * culprit, park its key (its later messages wait), let every other key go on. Only a
+ * refusal parks a key: any other failure here (the broker went away mid-isolation) stops
+ * the isolation, and the batch is tried again later with nothing parked.
+ */
+export async function isolatePoison(
+  c: PublishContext,
+  batch: readonly Ready[],
+): Promise<{ sent: number[]; failure?: unknown }> {
+  const sent: number[] = [];
+  const parkedKeys = new Set<string>();
+  for (const b of batch) {
+    const k = keyOf(b.row);
+    if (parkedKeys.has(k)) continue;
+    try {
+      await c.hooks?.beforeIsolatedPublish?.(b.row.message_id);
+      await publishWithRetry(c, [b]);
+      sent.push(b.row.id);
+    } catch (err) {
+      if (!isPoisonError(err)) return { sent, failure: err };
+      parkedKeys.add(k);
+      await park(c, b.row, err);
+    }
+  }
+  return { sent };
+}
