@@ -155,6 +155,7 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       ('uncertain', 'started', false), ('uncertain', 'succeeded', false),
       ('uncertain', 'compensating', false), ('uncertain', 'gated', false),
       ('compensating', 'compensated', false), ('compensating', 'gated', false),
+      ('compensating', 'uncertain', false),
       ('compensated', 'gated', false),
       ('gated', 'succeeded', true), ('gated', 'failed', true), ('gated', 'compensated', true);
 
