@@ -7,6 +7,7 @@ import {
 import type { TenantKeys } from '../crypto/tenantKeys.js';
 import type { Executor } from '../db/executor.js';
 import { CairnError, ValidationError } from '../errors.js';
+import type { OutboxMessageInput } from '../outbox/message.js';
 import type { TaskState } from '../schemas/taskState.js';
 
 /**
@@ -43,6 +44,12 @@ export interface FieldCrypto {
   open(ex: Executor, stored: TaskState): Promise<TaskState>;
   /** Refuses a confidential or secret value of `state` copied into `text` (names the field, never the value). */
   assertNotCopied(state: TaskState, where: string, text: string): void;
+  /** The same for a change's reason and the payloads and headers of the messages it causes. */
+  assertChangeNotCopied(
+    state: TaskState,
+    reason: string | undefined,
+    messages: readonly OutboxMessageInput[] | undefined,
+  ): void;
 }
 
 export function createFieldCrypto(o: { keys?: TenantKeys; classification?: Classification }): FieldCrypto {
@@ -130,6 +137,18 @@ export function createFieldCrypto(o: { keys?: TenantKeys; classification?: Class
         artifacts[name] = await each(value, (v) => openOne(ex, stored, name, v));
       }
       return { ...stored, artifacts: artifacts as Artifacts };
+    },
+
+    assertChangeNotCopied(state, reason, messages) {
+      this.assertNotCopied(state, 'reason', reason ?? '');
+      for (const [i, m] of (messages ?? []).entries()) {
+        const payload = Buffer.isBuffer(m.payload) ? m.payload.toString('utf8') : JSON.stringify(m.payload);
+        this.assertNotCopied(
+          state,
+          `outbox message [${i}]`,
+          `${payload}\n${JSON.stringify(m.headers ?? {})}`,
+        );
+      }
     },
 
     assertNotCopied(state, where, text) {

@@ -166,7 +166,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
           updated_at: now,
           updated_by: actor,
         });
-        fields?.assertNotCopied(state, 'reason', reason ?? '');
+        fields?.assertChangeNotCopied(state, reason, undefined);
         const stored = await seal(t, state);
         try {
           await t
@@ -242,17 +242,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       checkWriteOnce(prev, next);
       assertNoCredentials(`task ${input.taskId}`, patch);
       assertChangeAllowed(prev, next, { reason: input.reason, requiredGates: o.requiredGates });
-      if (fields) {
-        fields.assertNotCopied(next, 'reason', input.reason ?? '');
-        for (const [i, m] of (input.messages ?? []).entries()) {
-          const payload = Buffer.isBuffer(m.payload) ? m.payload.toString('utf8') : JSON.stringify(m.payload);
-          fields.assertNotCopied(
-            next,
-            `outbox message [${i}]`,
-            `${payload}\n${JSON.stringify(m.headers ?? {})}`,
-          );
-        }
-      }
+      fields?.assertChangeNotCopied(next, input.reason, input.messages);
       const nextStored = await seal(ex, next, known);
 
       const cas = (on: Executor) =>
