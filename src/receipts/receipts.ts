@@ -197,7 +197,17 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
   }
 
   const reclaim = (receiptId: string, from: ReceiptStatus, worker: string, lease?: Lease) =>
-    reclaimReceipt(db, { receiptId, from, worker, ...(lease ? { lease } : {}) });
+    // With a lease, the take-over and the fence check are one transaction: a worker whose
+    // lease lapsed must not take a receipt back (the new holder would then find it started by
+    // a dead lease, call it uncertain and gate or compensate an effect that never ran).
+    db.transaction().execute(async (trx) => {
+      if (lease && !(await holdsFence(trx, lease))) {
+        throw new LeaseLostError(
+          `receipt ${receiptId}: lease token ${lease.fencingToken} is no longer current; it was not taken over and no effect ran`,
+        );
+      }
+      return reclaimReceipt(trx, { receiptId, from, worker, ...(lease ? { lease } : {}) });
+    });
   const ownerAlive = (receiptId: string) => receiptOwnerAlive(db, receiptId, abandonAfterMs);
 
   async function resolveUncertain<T>(

@@ -64,7 +64,9 @@ export async function readTopicsToEnd(
   deadlineMs = 60_000,
 ): Promise<SeenMessage[]> {
   const seen: SeenMessage[] = [];
-  const admin = kafka.admin();
+  // No retries inside kafkajs: it would turn a retriable "not the leader" into a
+  // non-retriable "retries exceeded" before the retry below could see it.
+  const admin = kafka.admin({ retry: { retries: 0 } });
   await admin.connect();
   const remaining = new Map<string, bigint>(); // "topic/partition" -> last offset to read
   try {

@@ -3,7 +3,7 @@ import { sql } from 'kysely';
 import { v5 as uuidv5 } from 'uuid';
 import type { Db } from '../db/database.js';
 import { assertTenantKnown } from '../db/tenant.js';
-import { NotFoundError, ValidationError } from '../errors.js';
+import { CairnError, NotFoundError, ValidationError } from '../errors.js';
 
 export interface Hold {
   holdId: string;
@@ -155,5 +155,18 @@ export async function annotate(db: Db, a: { taskId: string; author: string; body
     .values({ annotation_id: id, tenant_id: task.tenant_id, task_id: a.taskId, author, body })
     .onConflict((c) => c.column('annotation_id').doNothing())
     .execute();
+  // The id is predictable: a row already under it must be this very correction, not one a
+  // tenant planted there to have the operator's dropped.
+  const stored = await db
+    .selectFrom('task_annotation')
+    .select(['task_id', 'author', 'body'])
+    .where('annotation_id', '=', id)
+    .executeTakeFirstOrThrow();
+  if (stored.task_id !== a.taskId || stored.author !== author || stored.body !== body) {
+    throw new CairnError(
+      'annotation_conflict',
+      `annotation ${id} of task ${a.taskId} already exists with another author or text: the correction was not recorded; report it`,
+    );
+  }
   return id;
 }

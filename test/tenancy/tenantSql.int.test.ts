@@ -1,4 +1,5 @@
 import { sql } from 'kysely';
+import { v5 as uuidv5 } from 'uuid';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { insertInboxRows } from '../../consumers/sql/insertInboxRows.js';
 import { claimBatch } from '../../relay/sql/claimBatch.js';
@@ -9,6 +10,7 @@ import { createLeaseManager } from '../../src/leases/leases.js';
 import { laneOf } from '../../src/outbox/lanes.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { createReceiptStore, idempotencyKeyOf } from '../../src/receipts/receipts.js';
+import { annotate } from '../../src/retention/holds.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
 import { twoTenants } from '../support/tenants.js';
@@ -348,6 +350,16 @@ describe("a tenant's own SQL on its own connection", () => {
       ttlSeconds: 30,
     });
     expect(lease.ok).toBe(true);
+  });
+
+  it("cannot make an operator's correction vanish by planting a row under its predictable id", async () => {
+    const body = 'correction: the reviewer was bob';
+    const id = uuidv5(`a-1\u0000${OPERATOR}\u0000${body}`, 'a4e2d3c1-6b5f-4f0e-9d8c-7b6a5e4d3c2b');
+    await sql`INSERT INTO task_annotation (annotation_id, task_id, author, body)
+              VALUES (${id}::uuid, 'a-1', ${OPERATOR}, 'nothing happened here')`.execute(asA);
+    await expect(annotate(t.db, { taskId: 'a-1', author: OPERATOR, body })).rejects.toThrow(
+      /already exists with another author or text/,
+    );
   });
 
   it('a connection released in an aborted transaction leaks nothing to the application pool', async () => {
