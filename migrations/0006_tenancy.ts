@@ -1,4 +1,5 @@
 import { type Kysely, sql } from 'kysely';
+import { targetSchema } from './schema.js';
 
 /** Tables that hold a tenant's data: every one carries tenant_id and a row-level security policy. */
 export const TENANT_TABLES = [
@@ -36,6 +37,7 @@ export const APP_ROLE = 'cairn_app';
  *   (append-only corrections) and deletion_certificate.
  */
 export async function up(db: Kysely<unknown>): Promise<void> {
+  const S = await targetSchema(db);
   await sql`
     CREATE TABLE tenant (
       tenant_id  text PRIMARY KEY CHECK (tenant_id ~ '^[a-z0-9][a-z0-9_.-]{0,62}$'),
@@ -84,7 +86,7 @@ export async function up(db: Kysely<unknown>): Promise<void> {
 
     -- The owner's lookup of a task's tenant (rows keyed by task take it on insert).
     CREATE FUNCTION cairn_task_tenant() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-      SET search_path = public AS $fn$
+      SET search_path = ${S} AS $fn$
     BEGIN
       IF NEW.tenant_id IS NULL THEN
         NEW.tenant_id := coalesce(
@@ -136,7 +138,7 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     CREATE INDEX legal_hold_active ON legal_hold (tenant_id, task_id) WHERE released_at IS NULL;
 
     CREATE FUNCTION cairn_is_held(p_tenant text, p_task text) RETURNS boolean LANGUAGE sql STABLE
-      SECURITY DEFINER SET search_path = public AS $fn$
+      SECURITY DEFINER SET search_path = ${S} AS $fn$
       SELECT EXISTS (SELECT 1 FROM legal_hold
                       WHERE released_at IS NULL AND tenant_id = p_tenant
                         AND (task_id IS NULL OR task_id = p_task))
@@ -208,12 +210,12 @@ export async function up(db: Kysely<unknown>): Promise<void> {
   `.execute(db);
   const role = sql.id(APP_ROLE);
   await sql`
-    GRANT USAGE ON SCHEMA public TO ${role};
+    GRANT USAGE ON SCHEMA ${S} TO ${role};
     GRANT SELECT ON task_status, task_transition, tenant, retention_policy TO ${role};
     GRANT SELECT, INSERT, UPDATE, DELETE ON task_state, outbox, inbox, inbox_key_version, task_lease TO ${role};
     GRANT SELECT, INSERT ON task_audit, inbox_dlq, checkpoint, checkpoint_snapshot, task_annotation TO ${role};
     GRANT SELECT, INSERT, UPDATE ON tool_receipt TO ${role};
     GRANT SELECT ON tenant_key, legal_hold, deletion_certificate TO ${role};
-    GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO ${role};
+    GRANT USAGE ON ALL SEQUENCES IN SCHEMA ${S} TO ${role};
   `.execute(db);
 }

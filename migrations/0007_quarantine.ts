@@ -1,4 +1,5 @@
 import { type Kysely, sql } from 'kysely';
+import { targetSchema } from './schema.js';
 
 /**
  * Quarantine of tasks that lost work in a regional failover (`cairn failover check --hold`):
@@ -6,6 +7,7 @@ import { type Kysely, sql } from 'kysely';
  * new side effect) can start for it; an operator decides and releases it. Rows stay as history.
  */
 export async function up(db: Kysely<unknown>): Promise<void> {
+  const S = await targetSchema(db);
   await sql`
     CREATE TABLE task_quarantine (
       task_id     text NOT NULL,
@@ -21,7 +23,7 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       FOR EACH ROW EXECUTE FUNCTION cairn_task_tenant();
 
     CREATE FUNCTION cairn_quarantine_guard() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-      SET search_path = public AS $fn$
+      SET search_path = ${S} AS $fn$
     BEGIN
       IF EXISTS (SELECT 1 FROM task_quarantine q WHERE q.task_id = NEW.task_id AND q.released_at IS NULL) THEN
         RAISE EXCEPTION 'task % is quarantined after a failover: % on % refused until an operator releases it (cairn failover release %)',

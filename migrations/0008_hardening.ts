@@ -1,5 +1,6 @@
 import { type Kysely, sql } from 'kysely';
 import { TENANT_TABLES } from './0006_tenancy.js';
+import { targetSchema } from './schema.js';
 
 /** Every function Cairn's migrations created: their search_path is pinned here (pg_temp last). */
 const FUNCTIONS = [
@@ -41,8 +42,9 @@ const POLICY_TABLES = [...TENANT_TABLES, 'task_quarantine'];
  * - An applied inbox row never turns un-applied (only retention, as the owner, deletes it).
  */
 export async function up(db: Kysely<unknown>): Promise<void> {
+  const S = await targetSchema(db);
   for (const f of FUNCTIONS) {
-    await sql`ALTER FUNCTION ${sql.raw(f)} SET search_path = pg_catalog, public, pg_temp`.execute(db);
+    await sql`ALTER FUNCTION ${sql.raw(f)} SET search_path = pg_catalog, ${S}, pg_temp`.execute(db);
   }
 
   await sql`
@@ -50,21 +52,21 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     ALTER TABLE tenant ADD COLUMN role_name text UNIQUE;
 
     CREATE FUNCTION cairn_current_tenant() RETURNS text LANGUAGE sql STABLE SECURITY DEFINER
-      SET search_path = pg_catalog, public, pg_temp AS $fn$
-      SELECT tenant_id FROM public.tenant WHERE role_name = session_user
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
+      SELECT tenant_id FROM ${S}.tenant WHERE role_name = session_user
     $fn$;
 
     -- Registers a tenant and its login role (idempotent; needs CREATEROLE). The role name is
     -- per database, so two Cairn databases on one cluster never share a tenant's role.
     CREATE FUNCTION cairn_register_tenant(p_tenant text) RETURNS text LANGUAGE plpgsql
-      SET search_path = pg_catalog, public, pg_temp AS $fn$
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
     DECLARE
       r text := 'cairn_' || left(md5(current_database()), 6) || '_'
                 || left(md5(current_database() || '/' || p_tenant), 8) || '_' || left(p_tenant, 38);
     BEGIN
       -- GRANT rewrites the database's row: two registrations at once would collide on it.
       PERFORM pg_advisory_xact_lock(hashtext('cairn_register_tenant'));
-      INSERT INTO public.tenant (tenant_id) VALUES (p_tenant) ON CONFLICT DO NOTHING;
+      INSERT INTO ${S}.tenant (tenant_id) VALUES (p_tenant) ON CONFLICT DO NOTHING;
       IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
         BEGIN
           EXECUTE format('CREATE ROLE %I LOGIN IN ROLE cairn_app', r);
@@ -72,28 +74,28 @@ export async function up(db: Kysely<unknown>): Promise<void> {
         END;
       END IF;
       EXECUTE format('GRANT CONNECT ON DATABASE %I TO %I', current_database(), r);
-      UPDATE public.tenant SET role_name = r WHERE tenant_id = p_tenant AND role_name IS DISTINCT FROM r;
+      UPDATE ${S}.tenant SET role_name = r WHERE tenant_id = p_tenant AND role_name IS DISTINCT FROM r;
       RETURN r;
     END
     $fn$;
 
     -- Is the writer an application role (cairn_app or a tenant's role), rather than the owner or an operator?
     CREATE FUNCTION cairn_is_app_role() RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER
-      SET search_path = pg_catalog, public, pg_temp AS $fn$
-      SELECT session_user::text = 'cairn_app' OR EXISTS (SELECT 1 FROM public.tenant WHERE role_name = session_user)
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
+      SELECT session_user::text = 'cairn_app' OR EXISTS (SELECT 1 FROM ${S}.tenant WHERE role_name = session_user)
     $fn$;
 
     -- Rows keyed by a task take its tenant; another tenant's task, or (for an application
     -- role) a task that does not exist, is refused.
     CREATE OR REPLACE FUNCTION cairn_task_tenant() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-      SET search_path = pg_catalog, public, pg_temp AS $fn$
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
     DECLARE
       owner_tenant text;
-      writer text := public.cairn_current_tenant();
+      writer text := ${S}.cairn_current_tenant();
     BEGIN
-      SELECT tenant_id INTO owner_tenant FROM public.task_state WHERE task_id = NEW.task_id;
+      SELECT tenant_id INTO owner_tenant FROM ${S}.task_state WHERE task_id = NEW.task_id;
       IF owner_tenant IS NULL THEN
-        IF public.cairn_is_app_role() THEN
+        IF ${S}.cairn_is_app_role() THEN
           RAISE EXCEPTION 'task % does not exist (or belongs to another tenant): % into % refused',
             NEW.task_id, TG_OP, TG_TABLE_NAME USING ERRCODE = '42501';
         END IF;
@@ -114,9 +116,9 @@ export async function up(db: Kysely<unknown>): Promise<void> {
 
     -- Rows of the consumer side and the outbox: a tenant role writes as itself only.
     CREATE OR REPLACE FUNCTION cairn_setting_tenant() RETURNS trigger LANGUAGE plpgsql
-      SET search_path = pg_catalog, public, pg_temp AS $fn$
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
     DECLARE
-      writer text := public.cairn_current_tenant();
+      writer text := ${S}.cairn_current_tenant();
     BEGIN
       IF writer IS NOT NULL THEN
         NEW.tenant_id := writer;
@@ -127,9 +129,9 @@ export async function up(db: Kysely<unknown>): Promise<void> {
 
     -- A version is never raised without its audit row (checked at commit: the CAS writes both in one statement).
     CREATE FUNCTION cairn_version_audited() RETURNS trigger LANGUAGE plpgsql
-      SET search_path = pg_catalog, public, pg_temp AS $fn$
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
     BEGIN
-      IF NOT EXISTS (SELECT 1 FROM public.task_audit a WHERE a.task_id = NEW.task_id AND a.version = NEW.version) THEN
+      IF NOT EXISTS (SELECT 1 FROM ${S}.task_audit a WHERE a.task_id = NEW.task_id AND a.version = NEW.version) THEN
         RAISE EXCEPTION 'task % is at version % without an audit row for it: refused', NEW.task_id, NEW.version
           USING ERRCODE = 'CN003';
       END IF;
@@ -160,9 +162,9 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       ('gated', 'succeeded', true), ('gated', 'failed', true), ('gated', 'compensated', true);
 
     CREATE FUNCTION cairn_receipt_guard() RETURNS trigger LANGUAGE plpgsql
-      SET search_path = pg_catalog, public, pg_temp AS $fn$
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
     DECLARE
-      t public.receipt_transition;
+      t ${S}.receipt_transition;
     BEGIN
       IF TG_OP = 'INSERT' THEN
         IF NEW.status <> 'started' THEN
@@ -177,12 +179,12 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       IF NEW.status = OLD.status THEN
         RETURN NEW;
       END IF;
-      SELECT * INTO t FROM public.receipt_transition WHERE from_status = OLD.status AND to_status = NEW.status;
+      SELECT * INTO t FROM ${S}.receipt_transition WHERE from_status = OLD.status AND to_status = NEW.status;
       IF NOT FOUND THEN
         RAISE EXCEPTION 'receipt % cannot move from % to %', OLD.receipt_id, OLD.status, NEW.status
           USING ERRCODE = 'CN010';
       END IF;
-      IF t.operator_only AND public.cairn_is_app_role() THEN
+      IF t.operator_only AND ${S}.cairn_is_app_role() THEN
         RAISE EXCEPTION 'receipt % is gated: only an operator resolves it (% -> % refused for %)',
           OLD.receipt_id, OLD.status, NEW.status, session_user USING ERRCODE = '42501';
       END IF;
@@ -196,7 +198,7 @@ export async function up(db: Kysely<unknown>): Promise<void> {
 
     -- Outbox: Cairn's headers come from columns.
     CREATE FUNCTION cairn_headers_ok(h jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE
-      SET search_path = pg_catalog, public, pg_temp AS $fn$
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
       SELECT jsonb_typeof(h) = 'object' AND NOT EXISTS (
         SELECT 1 FROM jsonb_each(h) e WHERE jsonb_typeof(e.value) <> 'string' OR lower(e.key) LIKE 'cairn-%')
     $fn$;
@@ -213,10 +215,10 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     CREATE INDEX outbox_task ON outbox (task_id) WHERE task_id IS NOT NULL;
 
     CREATE FUNCTION cairn_outbox_task() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-      SET search_path = pg_catalog, public, pg_temp AS $fn$
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
     BEGIN
       IF NEW.task_id IS NOT NULL AND NOT EXISTS (
-        SELECT 1 FROM public.task_state s WHERE s.task_id = NEW.task_id AND s.tenant_id IS NOT DISTINCT FROM NEW.tenant_id
+        SELECT 1 FROM ${S}.task_state s WHERE s.task_id = NEW.task_id AND s.tenant_id IS NOT DISTINCT FROM NEW.tenant_id
       ) THEN
         RAISE EXCEPTION 'outbox message %: task % does not exist (or belongs to another tenant)',
           NEW.message_id, NEW.task_id USING ERRCODE = '42501';
@@ -242,13 +244,13 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     CREATE UNIQUE INDEX inbox_key_version_group_tenant_key ON inbox_key_version (consumer_group, (coalesce(tenant_id, '')), key);
 
     CREATE FUNCTION cairn_inbox_applied_guard() RETURNS trigger LANGUAGE plpgsql
-      SET search_path = pg_catalog, public, pg_temp AS $fn$
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
     BEGIN
       IF OLD.outcome <> 'applied' THEN
         RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
       END IF;
       IF TG_OP = 'DELETE' THEN
-        IF current_setting('cairn.retention', true) = 'on' AND NOT public.cairn_is_app_role() THEN
+        IF current_setting('cairn.retention', true) = 'on' AND NOT ${S}.cairn_is_app_role() THEN
           RETURN OLD;
         END IF;
       ELSIF NEW.outcome = 'applied' OR OLD.xmin = pg_current_xact_id()::xid THEN
@@ -288,13 +290,13 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     GRANT SELECT ON receipt_transition TO cairn_app;
 
     CREATE FUNCTION cairn_tenant_role(p_tenant text) RETURNS text LANGUAGE sql STABLE SECURITY DEFINER
-      SET search_path = pg_catalog, public, pg_temp AS $fn$
-      SELECT role_name FROM public.tenant WHERE tenant_id = p_tenant
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
+      SELECT role_name FROM ${S}.tenant WHERE tenant_id = p_tenant
     $fn$;
 
     -- A lease keeps its task and tenant, and its fencing token never goes down.
     CREATE FUNCTION cairn_lease_guard() RETURNS trigger LANGUAGE plpgsql
-      SET search_path = pg_catalog, public, pg_temp AS $fn$
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
     BEGIN
       IF NEW.task_id <> OLD.task_id OR NEW.branch <> OLD.branch OR NEW.tenant_id IS DISTINCT FROM OLD.tenant_id THEN
         RAISE EXCEPTION 'lease %/%: its task, branch and tenant never change', OLD.task_id, OLD.branch
@@ -315,9 +317,9 @@ export async function up(db: Kysely<unknown>): Promise<void> {
 
     -- A tenant asks about holds on its own tasks only.
     CREATE OR REPLACE FUNCTION cairn_is_held(p_tenant text, p_task text) RETURNS boolean LANGUAGE sql STABLE
-      SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $fn$
-      SELECT (NOT public.cairn_is_app_role() OR p_tenant = public.cairn_current_tenant())
-         AND EXISTS (SELECT 1 FROM public.legal_hold
+      SECURITY DEFINER SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
+      SELECT (NOT ${S}.cairn_is_app_role() OR p_tenant = ${S}.cairn_current_tenant())
+         AND EXISTS (SELECT 1 FROM ${S}.legal_hold
                       WHERE released_at IS NULL AND tenant_id = p_tenant
                         AND (task_id IS NULL OR task_id = p_task))
     $fn$;

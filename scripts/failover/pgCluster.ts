@@ -13,6 +13,7 @@ import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
+import { defaultSchema, searchPathOption } from '../../src/db/pool.js';
 
 const exec = promisify(execFile);
 
@@ -114,7 +115,12 @@ function server(name: string, bin: string, dir: string, port: number): PgServer 
         .catch(() => {}),
     promote: () => run(join(bin, 'pg_ctl'), ['-D', dir, 'promote', '-w']).then(() => {}),
     async query<T extends pg.QueryResultRow>(text: string, database?: string) {
-      const c = new pg.Client({ connectionString: url(database), connectionTimeoutMillis: 5000 });
+      // Cairn's schema first, as on Cairn's own connections: the evidence reads its tables.
+      const c = new pg.Client({
+        connectionString: url(database),
+        connectionTimeoutMillis: 5000,
+        options: searchPathOption(defaultSchema()),
+      });
       await c.connect();
       try {
         return (await c.query<T>(text)).rows;

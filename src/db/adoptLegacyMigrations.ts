@@ -1,5 +1,6 @@
 import { sql } from 'kysely';
 import type { Db } from './database.js';
+import { schemaOf } from './tenant.js';
 
 /** Where Cairn's migrations are recorded: tables of its own, so a user's kysely Migrator keeps its defaults. */
 export const MIGRATION_TABLE = 'cairn_migration';
@@ -24,12 +25,13 @@ const KYSELY_MIGRATION_LOCK_ID = BigInt('3853314791062309107');
  */
 export async function adoptLegacyMigrations(db: Db, names: readonly string[]): Promise<string[]> {
   if (names.length === 0 || (await legacyRows(db, names)) === 0) return [];
+  const table = sql.table(`${schemaOf(db)}.${MIGRATION_TABLE}`);
   return db.transaction().execute(async (trx) => {
     await sql`SELECT pg_advisory_xact_lock(${sql.lit(KYSELY_MIGRATION_LOCK_ID)})`.execute(trx);
     if ((await legacyRows(trx, names)) === 0) return [];
     // The shape kysely's Migrator creates (and expects): the timestamp is an ISO string.
     await sql`
-      CREATE TABLE IF NOT EXISTS ${sql.table(MIGRATION_TABLE)} (
+      CREATE TABLE IF NOT EXISTS ${table} (
         name varchar(255) NOT NULL PRIMARY KEY,
         timestamp varchar(255) NOT NULL
       )`.execute(trx);
@@ -38,7 +40,7 @@ export async function adoptLegacyMigrations(db: Db, names: readonly string[]): P
         DELETE FROM ${sql.table(LEGACY_MIGRATION_TABLE)} WHERE name = ANY(${[...names]}::text[])
         RETURNING name, timestamp
       )
-      INSERT INTO ${sql.table(MIGRATION_TABLE)} (name, timestamp)
+      INSERT INTO ${table} (name, timestamp)
       SELECT name, timestamp FROM moved
       ON CONFLICT (name) DO NOTHING
       RETURNING name`.execute(trx);

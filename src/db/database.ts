@@ -9,7 +9,14 @@ import {
 import { z } from 'zod';
 import { ConfigurationError, UnavailableError } from '../errors.js';
 import { parseOptions } from '../options.js';
-import { callerPool, createPool, type PgPool, type PoolSettings } from './pool.js';
+import {
+  callerPool,
+  createPool,
+  defaultSchema,
+  type PgPool,
+  type PoolSettings,
+  SCHEMA_NAME,
+} from './pool.js';
 import { isConfigurationSqlError } from './sqlstate.js';
 import { destroyTenantViews, registerPool } from './tenant.js';
 import type { Database } from './types.js';
@@ -26,6 +33,10 @@ const DbOptionsSchema = z
       .custom<PgPool>(isPool, { message: 'must be a pg.Pool (an object with connect() and end())' })
       .optional(),
     endPoolOnDestroy: z.boolean().optional(),
+    schema: z
+      .string()
+      .regex(SCHEMA_NAME, 'must be a lower-case identifier: a-z, 0-9 and _, not starting with a digit')
+      .optional(),
     max: z.number().int().positive().optional(),
     connectionTimeoutMillis: z.number().int().positive().optional(),
     applicationName: z.string().optional(),
@@ -71,8 +82,18 @@ const DbOptionsSchema = z
     }
   });
 
+/** What both ways of making a database share. */
+interface CommonDbOptions {
+  /**
+   * The Postgres schema of Cairn's tables, functions and migration records (default: the
+   * environment's CAIRN_SCHEMA, else `cairn`). `cairn migrate` creates it. A database
+   * migrated by Cairn 0.2 has them in `public`: pass `schema: 'public'` for it.
+   */
+  schema?: string;
+}
+
 /** Cairn makes and owns a pg pool for this connection string; `db.destroy()` ends it. */
-export interface ConnectionStringOptions {
+export interface ConnectionStringOptions extends CommonDbOptions {
   connectionString: string;
   /** Connections in the pool (default 10). */
   max?: number;
@@ -88,9 +109,10 @@ export interface ConnectionStringOptions {
 /**
  * Cairn runs on the application's pg.Pool. The pool is left as it is (its type parsers
  * included: Cairn's queries carry their own), and `db.destroy()` does not end it unless
- * `endPoolOnDestroy` is true.
+ * `endPoolOnDestroy` is true. While Cairn holds one of its clients, Cairn's schema is first
+ * on that client's search_path; the pool's own path is put back before the client returns.
  */
-export interface ExistingPoolOptions {
+export interface ExistingPoolOptions extends CommonDbOptions {
   pool: PgPool;
   /** End the pool in `db.destroy()` (default false: the pool stays yours to end). */
   endPoolOnDestroy?: boolean;
@@ -123,9 +145,10 @@ export function createDb(options: DbOptions): Db {
     applicationName: o.applicationName ?? defaults.applicationName,
     statementTimeoutMillis: o.statementTimeoutMillis ?? defaults.statementTimeoutMillis,
     connectionString: o.connectionString ?? poolConnectionString(o.pool),
+    schema: o.schema ?? defaultSchema(),
   };
   const pool = o.pool
-    ? callerPool(o.pool, o.endPoolOnDestroy ?? false)
+    ? callerPool(o.pool, o.endPoolOnDestroy ?? false, settings.schema)
     : createPool({ ...settings, connectionString: o.connectionString! });
   const driver = new PostgresDialect({ pool }).createDriver();
   const dialect: Dialect = {

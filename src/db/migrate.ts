@@ -1,6 +1,6 @@
-import { type MigrationResult, Migrator } from 'kysely';
+import { type MigrationResult, Migrator, sql } from 'kysely';
 import { migrationProvider, migrations } from '../../migrations/index.js';
-import { CairnError } from '../errors.js';
+import { CairnError, ConfigurationError } from '../errors.js';
 import {
   adoptLegacyMigrations,
   legacyExecutedAt,
@@ -8,6 +8,7 @@ import {
   MIGRATION_TABLE,
 } from './adoptLegacyMigrations.js';
 import type { Db } from './database.js';
+import { schemaOf } from './tenant.js';
 
 function migrator(db: Db): Migrator {
   // kysely's Migrator serializes concurrent runs with a lock row held in a transaction
@@ -17,6 +18,7 @@ function migrator(db: Db): Migrator {
   return new Migrator({
     db,
     provider: migrationProvider,
+    migrationTableSchema: schemaOf(db),
     migrationTableName: MIGRATION_TABLE,
     migrationLockTableName: MIGRATION_LOCK_TABLE,
   });
@@ -24,6 +26,13 @@ function migrator(db: Db): Migrator {
 
 /** Runs every pending migration; returns the names that ran in this call. */
 export async function migrateToLatest(db: Db): Promise<string[]> {
+  const schema = schemaOf(db);
+  await refuseTablesElsewhere(db, schema);
+  // Before the first migration: its tables go to the first schema on the path that exists.
+  // IF NOT EXISTS still races with a concurrent CREATE (a unique violation on the catalog).
+  await sql`CREATE SCHEMA IF NOT EXISTS ${sql.id(schema)}`.execute(db).catch((error: { code?: string }) => {
+    if (error.code !== '23505' && error.code !== '42P06') throw error;
+  });
   try {
     await adoptLegacyMigrations(db, Object.keys(migrations));
   } catch (error) {
@@ -43,6 +52,26 @@ export async function migrateToLatest(db: Db): Promise<string[]> {
     );
   }
   return (results ?? []).filter((r) => r.status === 'Success').map((r) => r.migrationName);
+}
+
+/**
+ * A database migrated by Cairn 0.2 has Cairn's tables in `public`: migrating it again into
+ * another schema would install a second, empty Cairn beside the first. Say so instead.
+ */
+async function refuseTablesElsewhere(db: Db, schema: string): Promise<void> {
+  if (schema === 'public') return;
+  const { rows } = await sql<{ legacy: boolean; here: boolean }>`
+    SELECT to_regclass('public.task_state') IS NOT NULL
+       AND to_regclass('public.task_audit') IS NOT NULL
+       AND to_regclass('public.tool_receipt') IS NOT NULL AS legacy,
+           to_regclass(${`${schema}.task_state`}) IS NOT NULL AS here`.execute(db);
+  if (rows[0]?.legacy && !rows[0].here) {
+    throw new ConfigurationError(
+      `Cairn's tables are in schema public (a database migrated by Cairn 0.2), not in schema ${schema}: ` +
+        "keep them there with createDb({ schema: 'public' }) or CAIRN_SCHEMA=public for every process " +
+        `(migrating into ${schema} would install a second, empty Cairn beside them)`,
+    );
+  }
 }
 
 /**

@@ -1,5 +1,6 @@
 import type { PostgresCursor, PostgresPool, PostgresPoolClient, PostgresQueryResult } from 'kysely';
 import pg from 'pg';
+import { ConfigurationError } from '../errors.js';
 
 /** pg's hook for turning a column's text into a value: a pool's `types` option, or one query's. */
 export interface TypeParsers {
@@ -27,6 +28,37 @@ export interface PoolSettings {
   connectionTimeoutMillis: number;
   applicationName: string;
   statementTimeoutMillis: number;
+  /** Cairn's Postgres schema: first on every connection's search_path (see {@link searchPath}). */
+  schema: string;
+}
+
+/** A schema name Cairn accepts: a plain lower-case identifier, so it never needs quoting. */
+export const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,62}$/;
+
+/** The schema of Cairn's tables when none is given: CAIRN_SCHEMA, else `cairn`. */
+export function defaultSchema(): string {
+  const fromEnv = process.env.CAIRN_SCHEMA;
+  if (fromEnv === undefined || fromEnv === '') return 'cairn';
+  if (!SCHEMA_NAME.test(fromEnv)) {
+    throw new ConfigurationError(
+      `CAIRN_SCHEMA is not a schema name Cairn accepts: "${fromEnv}" ` +
+        '(a lower-case identifier: a-z, 0-9 and _, not starting with a digit).',
+    );
+  }
+  return fromEnv;
+}
+
+/**
+ * The search_path of Cairn's connections: its own schema first, so its unqualified table
+ * names find its tables, then `public`, where an inbox handler's own tables usually live.
+ */
+export function searchPath(schema: string): string {
+  return schema === 'public' ? 'public' : `${schema}, public`;
+}
+
+/** The libpq `options` that start a connection with Cairn's search_path (no round trip of its own). */
+export function searchPathOption(schema: string): string {
+  return `-c search_path=${searchPath(schema).replace(' ', '')}`;
 }
 
 /**
@@ -41,6 +73,7 @@ export function createPool(o: PoolSettings): PostgresPool {
     connectionTimeoutMillis: o.connectionTimeoutMillis,
     application_name: o.applicationName,
     types: cairnTypes,
+    options: searchPathOption(o.schema),
     ...(o.statementTimeoutMillis ? { statement_timeout: o.statementTimeoutMillis } : {}),
   });
   // An idle client whose backend is killed emits 'error' on the pool; without a listener
@@ -78,9 +111,27 @@ export interface PgPoolClient {
  * alone (they were fixed when the application built it): each of Cairn's queries carries
  * Cairn's parsers instead. `end()` ends the pool only when `endPool` is set: by default the
  * pool stays the application's to close.
+ *
+ * Cairn's schema goes first on the search_path of a client while Cairn holds it (one round
+ * trip when it is checked out), and the application's own path is put back before the client
+ * returns to the pool. A pool whose connections already start their path with Cairn's schema
+ * (made with `options: '-c search_path=cairn,public'`) costs nothing.
  */
-export function callerPool(pool: PgPool, endPool: boolean): PostgresPool {
+export function callerPool(pool: PgPool, endPool: boolean, schema: string): PostgresPool {
   const wrapped = new WeakMap<PgPoolClient, PostgresPoolClient>();
+  /** The application's search_path of each client Cairn changed, put back when it is released. */
+  const previousPath = new Map<PgPoolClient, string>();
+  /** Clients whose own search_path already starts with Cairn's schema (the application set it so). */
+  const alreadyOurs = new WeakSet<PgPoolClient>();
+  const release = (client: PgPoolClient, destroy?: boolean) => {
+    const previous = previousPath.get(client);
+    previousPath.delete(client);
+    if (previous === undefined || destroy) return client.release(destroy);
+    client.query({ text: "SELECT set_config('search_path', $1, false)", values: [previous] }).then(
+      () => client.release(),
+      () => client.release(true),
+    );
+  };
   return {
     async connect() {
       const client = await pool.connect();
@@ -89,8 +140,26 @@ export function callerPool(pool: PgPool, endPool: boolean): PostgresPool {
         // See createPool: a backend dying under a checked-out client must fail the next
         // query, not crash the process.
         client.on('error', () => {});
-        w = wrapClient(client);
+        w = wrapClient(client, (destroy) => release(client, destroy));
         wrapped.set(client, w);
+      }
+      if (alreadyOurs.has(client)) return w;
+      try {
+        // One round trip: Cairn's schema goes first on the path, unless it already is there.
+        const { rows } = await client.query({
+          text: `SELECT p.previous, p.first = $1 AS ours,
+                   CASE WHEN p.first = $1 THEN p.previous
+                        ELSE set_config('search_path', $1 || ', ' || p.previous, false) END AS now
+                 FROM (SELECT current_setting('search_path') AS previous,
+                              btrim(split_part(current_setting('search_path'), ',', 1), ' "') AS first) p`,
+          values: [schema],
+        });
+        const r = rows[0] as { previous: string; ours: boolean };
+        if (r.ours) alreadyOurs.add(client);
+        else previousPath.set(client, r.previous);
+      } catch (error) {
+        client.release(true);
+        throw error;
       }
       return w;
     },
@@ -98,7 +167,7 @@ export function callerPool(pool: PgPool, endPool: boolean): PostgresPool {
   };
 }
 
-function wrapClient(client: PgPoolClient): PostgresPoolClient {
+function wrapClient(client: PgPoolClient, release: (destroy?: boolean) => void): PostgresPoolClient {
   function query<R>(sql: string, parameters: ReadonlyArray<unknown>): Promise<PostgresQueryResult<R>>;
   function query<R>(cursor: PostgresCursor<R>): PostgresCursor<R>;
   function query<R>(
@@ -113,5 +182,5 @@ function wrapClient(client: PgPoolClient): PostgresPoolClient {
       PostgresQueryResult<R>
     >;
   }
-  return { query, release: (destroy?: boolean) => client.release(destroy) };
+  return { query, release };
 }

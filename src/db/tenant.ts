@@ -13,7 +13,7 @@ import {
 import { CairnError, ConfigurationError, ValidationError } from '../errors.js';
 import type { Db } from './database.js';
 import type { Executor } from './executor.js';
-import { createPool, type PoolSettings } from './pool.js';
+import { createPool, defaultSchema, type PoolSettings } from './pool.js';
 import type { Database } from './types.js';
 
 export const TENANT_ID = /^[a-z0-9][a-z0-9_.-]{0,62}$/;
@@ -145,6 +145,15 @@ export function registerPool(db: Db, options: ParentSettings): void {
   settings.set(db, options);
 }
 
+/** The schema of Cairn's tables for a database made by createDb, or a tenant view of one. */
+export function schemaOf(db: Db): string {
+  const parent = parents.get(db);
+  return (settings.get(db) ?? (parent && settings.get(parent)))?.schema ?? defaultSchema();
+}
+
+/** Each tenant view's parent database. */
+const parents = new WeakMap<Db, Db>();
+
 /** Closes the tenant views of a database (createDb's destroy does this). */
 export async function destroyTenantViews(db: Db): Promise<void> {
   const byTenant = views.get(db);
@@ -177,6 +186,7 @@ export function forTenant(db: Db, tenantId: string, login: TenantLogin = {}): Db
     };
     view = new Kysely<Database>({ dialect });
     byTenant.set(tenantId, view);
+    parents.set(view, db);
   }
   return view;
 }

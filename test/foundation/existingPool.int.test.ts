@@ -40,9 +40,17 @@ describe('createDb({ pool }): Cairn on the application pg.Pool', () => {
     expect(row.version).toBe(2); // a number, compared with ===
     // The application's own queries on the same pool keep pg's default: int8 as a string.
     const own = await pool.query<{ version: unknown }>(
-      "SELECT version FROM task_state WHERE task_id = 'P-1'",
+      "SELECT version FROM cairn.task_state WHERE task_id = 'P-1'",
     );
     expect(own.rows[0]?.version).toBe('2');
+    // Cairn's schema led the search_path only while Cairn held a client: the pool's own is back.
+    const clients = await Promise.all([pool.connect(), pool.connect()]);
+    for (const c of clients) {
+      expect((await c.query<{ search_path: string }>('SHOW search_path')).rows[0]?.search_path).toBe(
+        '"$user", public',
+      );
+      c.release();
+    }
     expect(pg.types.getTypeParser(20)('7')).toBe('7');
     await db.destroy();
     expect((await pool.query('SELECT 1 AS one')).rows[0]).toEqual({ one: 1 });

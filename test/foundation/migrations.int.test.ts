@@ -24,7 +24,7 @@ describe('migrations on real Postgres', () => {
     }
 
     const tables = await sql<{ table_name: string }>`
-      SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' ORDER BY table_name
+      SELECT table_name FROM information_schema.tables WHERE table_schema = 'cairn' ORDER BY table_name
     `.execute(target.db);
     const names = tables.rows.map((r) => r.table_name);
     for (const t of ['task_state', 'task_audit', 'task_status', 'task_transition', 'cairn_migration']) {

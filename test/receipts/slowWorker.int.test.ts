@@ -66,7 +66,9 @@ function deploy(step: string, extra: Partial<RunOnceInput<unknown>>): RunOnceInp
  */
 async function slowWorkerFrozenMidEffect(step: string) {
   const leases = createLeaseManager({ db: tdb.db });
-  const w1Lease = await leases.acquire({ taskId: TASK, branch: step, agentId: 'w1', ttlSeconds: 0.3 });
+  // Long enough to reach the effect on a busy machine (a lease lost first fences the effect
+  // off, and there is no race to test); the pause point then holds W1 past it.
+  const w1Lease = await leases.acquire({ taskId: TASK, branch: step, agentId: 'w1', ttlSeconds: 3 });
   if (!w1Lease.ok) throw new Error('w1 should get the lease');
   const frozen = pausePoint();
   const w1 = createReceiptStore({ db: tdb.db }).runOnce(

@@ -125,9 +125,15 @@ describe('issue 22.2: a row the relay can never publish', () => {
     const tdb = await createTestDatabase('bad_row', { migrate: false });
     dbs.push(tdb);
     const topic = uniqueTopic('bad-row');
-    const { error } = await new Migrator({ db: tdb.db, provider: migrationProvider }).migrateTo(
-      '0007_quarantine',
-    );
+    // Cairn's own migrator, stopped after 0007: its schema and its migration tables.
+    await sql`CREATE SCHEMA cairn`.execute(tdb.db);
+    const { error } = await new Migrator({
+      db: tdb.db,
+      provider: migrationProvider,
+      migrationTableSchema: 'cairn',
+      migrationTableName: 'cairn_migration',
+      migrationLockTableName: 'cairn_migration_lock',
+    }).migrateTo('0007_quarantine');
     expect(error).toBeUndefined();
     // Before 0008 nothing checked the stored headers: a header whose value is a JSON number.
     const bad = uuidv7();

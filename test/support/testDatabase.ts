@@ -19,7 +19,7 @@ export interface TestDatabase {
  */
 export async function createTestDatabase(
   label: string,
-  opts: { migrate?: boolean; max?: number } = {},
+  opts: { migrate?: boolean; max?: number; schema?: string } = {},
 ): Promise<TestDatabase> {
   const name = `cairn_t_${label
     .replace(/[^a-z0-9]/gi, '_')
@@ -27,7 +27,11 @@ export async function createTestDatabase(
     .slice(0, 30)}_${randomBytes(4).toString('hex')}`;
   const scratch = await createScratchDatabase(inject('databaseUrl'), name);
   const url = scratch.url;
-  const db = createDb({ connectionString: url, max: opts.max ?? 10 });
+  const db = createDb({
+    connectionString: url,
+    max: opts.max ?? 10,
+    ...(opts.schema ? { schema: opts.schema } : {}),
+  });
   if (opts.migrate !== false) await migrateToLatest(db);
   return {
     url,

@@ -145,8 +145,8 @@ describe("a tenant's own SQL on its own connection", () => {
       t.db,
     );
     await asA.connection().execute(async (c) => {
-      await sql`CREATE TEMP TABLE legal_hold (LIKE public.legal_hold)`.execute(c);
-      await sql`CREATE TEMP TABLE task_quarantine (LIKE public.task_quarantine)`.execute(c);
+      await sql`CREATE TEMP TABLE legal_hold (LIKE cairn.legal_hold)`.execute(c);
+      await sql`CREATE TEMP TABLE task_quarantine (LIKE cairn.task_quarantine)`.execute(c);
       await sql`CREATE TEMP TABLE task_status (status text, terminal boolean)`.execute(c);
       await sql`INSERT INTO task_status VALUES ('cancelled', false), ('planning', false)`.execute(c);
       await sql`CREATE TEMP TABLE task_transition (from_status text, to_status text)`.execute(c);
