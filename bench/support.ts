@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
+import { resolveStack, type Stack } from '../cli/stack/resolve.js';
 import { createScratchDatabase } from '../scripts/lib/scratchDatabase.js';
-import { resolveStack, type Stack } from '../scripts/stack/resolve.js';
 import { createDb, type Db } from '../src/db/database.js';
 import { migrateToLatest } from '../src/db/migrate.js';
 

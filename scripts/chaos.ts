@@ -10,8 +10,8 @@
  * `{"chaos":true,"faults":…,"violations":…,"tasks":…,"by_kind":{…}}`; exit 1 on any violation.
  */
 import { parseArgs } from 'node:util';
+import { resolveStack } from '../cli/stack/resolve.js';
 import { runSoak } from './chaos/soak.js';
-import { resolveStack } from './stack/resolve.js';
 
 const { values } = parseArgs({
   options: {

@@ -9,6 +9,7 @@
  */
 import { parseArgs } from 'node:util';
 import { sql } from 'kysely';
+import { resolveStack } from '../cli/stack/resolve.js';
 import { createDb } from '../src/db/database.js';
 import { migrateToLatest } from '../src/db/migrate.js';
 import { kafkaClient } from '../src/kafka/publisher.js';
@@ -19,7 +20,6 @@ import { ROLES, type Role, topicOf } from './demo/workflow.js';
 import { startSink } from './lib/effectSink.js';
 import { createFaults, createFleet, seeded } from './lib/faults.js';
 import { createScratchDatabase } from './lib/scratchDatabase.js';
-import { resolveStack } from './stack/resolve.js';
 
 const { values } = parseArgs({
   options: {

@@ -8,8 +8,8 @@
  * violation. Needs Debian's PostgreSQL server binaries (or CAIRN_PG_BIN) and a broker.
  */
 import { parseArgs } from 'node:util';
+import { resolveStack } from '../cli/stack/resolve.js';
 import { runFailover } from './failover/scenario.js';
-import { resolveStack } from './stack/resolve.js';
 
 const { values } = parseArgs({
   options: {

@@ -1,7 +1,7 @@
 import { type Kafka, Partitioners, type Producer } from 'kafkajs';
 import { sql } from 'kysely';
+import { startLocalKafka, stopLocalKafka } from '../../cli/stack/kafka.js';
 import type { Db } from '../../src/db/database.js';
-import { startLocalKafka, stopLocalKafka } from '../stack/kafka.js';
 import { type Child, sigkill, sigterm, spawnTs } from './spawnTs.js';
 
 /** A seeded pseudo-random source: the same seed draws the same faults and victims. */

@@ -2,7 +2,7 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { join } from 'node:path';
 import { buildSync } from 'esbuild';
-import { repoRoot, stackDir } from '../stack/paths.js';
+import { repoRoot, stackDir } from '../../cli/stack/paths.js';
 
 export interface Child {
   proc: ChildProcess;

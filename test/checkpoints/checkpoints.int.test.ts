@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { repoRoot } from '../../scripts/stack/paths.js';
+import { repoRoot } from '../../cli/stack/paths.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import type { KeyRing } from '../../src/checkpoints/signing.js';
 import type { Db } from '../../src/db/database.js';
@@ -260,7 +260,7 @@ describe('operator view', () => {
       DATABASE_URL: tdb.url,
       CAIRN_CHECKPOINT_KEYS: 'k2:current signing key,k1:old signing key',
     };
-    const verify = await run('npx', ['tsx', 'src/cli/main.ts', 'checkpoint', 'verify', 'cp-corrupt'], {
+    const verify = await run('npx', ['tsx', 'cli/main.ts', 'checkpoint', 'verify', 'cp-corrupt'], {
       cwd: repoRoot,
       env,
     }).then(
@@ -270,7 +270,7 @@ describe('operator view', () => {
     expect(verify.code).toBe(1);
     expect(verify.stdout).toMatch(/#3 {2}CORRUPT \(snapshot digest mismatch/);
     expect(verify.stdout).toMatch(/#2 {2}CORRUPT \(signature does not match \(key k2\)\)/);
-    const ok = await run('npx', ['tsx', 'src/cli/main.ts', 'checkpoint', 'verify', 'cp-1'], {
+    const ok = await run('npx', ['tsx', 'cli/main.ts', 'checkpoint', 'verify', 'cp-1'], {
       cwd: repoRoot,
       env,
     });
@@ -285,7 +285,7 @@ describe('operator view', () => {
       'npx',
       [
         'tsx',
-        'src/cli/main.ts',
+        'cli/main.ts',
         'resume',
         'cp-1',
         '--workflow',
@@ -300,7 +300,7 @@ describe('operator view', () => {
     expect(resumed.stdout).toMatch(/^cp-1: resumed from checkpoint [0-9a-f-]{36} at v5 implementing/);
     expect(resumed.stdout).toContain('budget committed 100 -> 80 USD (limit 80, policy-cli)');
     expect(resumed.stdout).toContain('lease held by ops, fencing token 1');
-    const show = await run('npx', ['tsx', 'src/cli/main.ts', 'task', 'show', 'cp-1'], { cwd: repoRoot, env });
+    const show = await run('npx', ['tsx', 'cli/main.ts', 'task', 'show', 'cp-1'], { cwd: repoRoot, env });
     expect(show.stdout).toContain('cp-1 (tenant acme) v5 implementing');
     expect(show.stdout).toMatch(
       /v2 .* spiffe:\/\/acme\.example\/agents\/planner .*\[replace \/status, replace \/gates\/plan_approved\]/,

@@ -8,7 +8,7 @@ import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { repoRoot } from '../../scripts/stack/paths.js';
+import { repoRoot } from '../../cli/stack/paths.js';
 import { canonicalBytes, sha256 } from '../../src/canonical.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import type { Checkpoint } from '../../src/checkpoints/schema.js';
@@ -87,7 +87,7 @@ function resumeOpts(workflowDefinition: unknown) {
 
 async function cairnCheckpointVerify(taskId: string, keys?: string) {
   const { CAIRN_CHECKPOINT_KEYS: _k, ...env } = process.env;
-  return run('npx', ['tsx', 'src/cli/main.ts', 'checkpoint', 'verify', taskId], {
+  return run('npx', ['tsx', 'cli/main.ts', 'checkpoint', 'verify', taskId], {
     cwd: repoRoot,
     env: { ...env, DATABASE_URL: tdb.url, ...(keys ? { CAIRN_CHECKPOINT_KEYS: keys } : {}) },
   }).then(

@@ -1,7 +1,7 @@
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { repoRoot } from '../../scripts/stack/paths.js';
+import { repoRoot } from '../../cli/stack/paths.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { newTask } from '../state/fixtures.js';
 import {
@@ -22,7 +22,7 @@ async function cairn(
   env: Record<string, string> = {},
 ): Promise<{ code: number; out: string; err: string }> {
   try {
-    const r = await exec(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', ...args], {
+    const r = await exec(process.execPath, ['--import', 'tsx', 'cli/main.ts', ...args], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: t.url, KAFKA_BROKERS: kafkaBrokers().join(','), ...env },
     });

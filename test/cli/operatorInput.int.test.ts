@@ -1,7 +1,7 @@
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { repoRoot } from '../../scripts/stack/paths.js';
+import { repoRoot } from '../../cli/stack/paths.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { createTestDatabase, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
 
@@ -11,7 +11,7 @@ let messageId: string;
 
 async function cairn(...args: string[]): Promise<{ code: number; out: string; err: string }> {
   try {
-    const r = await exec('npx', ['tsx', 'src/cli/main.ts', ...args], {
+    const r = await exec('npx', ['tsx', 'cli/main.ts', ...args], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: t.url },
     });

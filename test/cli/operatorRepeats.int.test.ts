@@ -39,8 +39,8 @@ import { buildSync } from 'esbuild';
 import { type Admin, Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, it } from 'vitest';
+import { repoRoot, stackDir } from '../../cli/stack/paths.js';
 import { createInboxConsumer, type InboxConsumer } from '../../consumers/inboxConsumer.js';
-import { repoRoot, stackDir } from '../../scripts/stack/paths.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys, type Sealed } from '../../src/crypto/tenantKeys.js';
@@ -796,7 +796,7 @@ beforeAll(async () => {
   mkdirSync(join(stackDir, 'bundles'), { recursive: true });
   bundle = join(stackDir, 'bundles', `cairn_cli.operatorRepeats.${process.pid}.mjs`);
   buildSync({
-    entryPoints: [join(repoRoot, 'src/cli/main.ts')],
+    entryPoints: [join(repoRoot, 'cli/main.ts')],
     outfile: bundle,
     bundle: true,
     platform: 'node',

@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { repoRoot } from '../../scripts/stack/paths.js';
+import { repoRoot } from '../../cli/stack/paths.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
@@ -39,7 +39,7 @@ afterAll(async () => {
 
 async function cairnResume(taskId: string) {
   const args = ['resume', taskId, '--workflow', join(dir, 'wf.json'), '--policy', join(dir, 'policy.json')];
-  return run('npx', ['tsx', 'src/cli/main.ts', ...args, '--agent', 'ops'], {
+  return run('npx', ['tsx', 'cli/main.ts', ...args, '--agent', 'ops'], {
     cwd: repoRoot,
     env: { ...process.env, DATABASE_URL: tdb.url },
   }).then(

@@ -3,7 +3,7 @@ import { randomBytes } from 'node:crypto';
 import { promisify } from 'node:util';
 import pg from 'pg';
 import { afterAll, describe, expect, inject, it } from 'vitest';
-import { repoRoot } from '../../scripts/stack/paths.js';
+import { repoRoot } from '../../cli/stack/paths.js';
 
 const run = promisify(execFile);
 const database = `cairn_t_demo_${randomBytes(4).toString('hex')}`;

@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { repoRoot } from '../../scripts/stack/paths.js';
+import { repoRoot } from '../../cli/stack/paths.js';
 import { DLQ_HEADER, HEADER, wireHeaders } from '../../src/outbox/wire.js';
 
 const doc = readFileSync(join(repoRoot, 'docs/wire.md'), 'utf8');

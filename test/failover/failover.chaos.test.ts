@@ -1,9 +1,9 @@
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { describe, expect, inject, it } from 'vitest';
+import { repoRoot } from '../../cli/stack/paths.js';
 import { findPgBin } from '../../scripts/failover/pgCluster.js';
 import { runFailover } from '../../scripts/failover/scenario.js';
-import { repoRoot } from '../../scripts/stack/paths.js';
 
 const exec = promisify(execFile);
 
@@ -28,7 +28,7 @@ async function cliCheck(
   const args = ['failover', 'check', '--topics', topics.join(','), '--json'];
   for (const g of groups) args.push('--group', `${g.groupId}=${g.topics.join(',')}`);
   try {
-    const r = await exec('npx', ['tsx', 'src/cli/main.ts', ...args], {
+    const r = await exec('npx', ['tsx', 'cli/main.ts', ...args], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: databaseUrl, KAFKA_BROKERS: inject('kafkaBrokers') },
     });

@@ -3,9 +3,9 @@ import { promisify } from 'node:util';
 import { Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { repoRoot } from '../../cli/stack/paths.js';
 import { createInboxConsumer, type InboxConsumer, type InboxHandler } from '../../consumers/inboxConsumer.js';
 import { inboxMetrics } from '../../consumers/metrics.js';
-import { repoRoot } from '../../scripts/stack/paths.js';
 import { CairnError } from '../../src/errors.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
@@ -170,14 +170,14 @@ describe('inbox consumer on a real broker and real Postgres', () => {
       'cairn-dlq-original-partition': '0',
       'cairn-dlq-original-offset': '1',
     });
-    const listed = await run('npx', ['tsx', 'src/cli/main.ts', 'inbox', 'dlq', '--group', groupId], {
+    const listed = await run('npx', ['tsx', 'cli/main.ts', 'inbox', 'dlq', '--group', groupId], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: tdb.url },
     });
     expect(listed.stdout).toContain(`${groupId}\t${poisonId}\t${topic}/0@1\t1 attempts`);
 
     await sql`INSERT INTO fixed VALUES (true)`.execute(tdb.db);
-    await run('npx', ['tsx', 'src/cli/main.ts', 'inbox', 'replay', poisonId, '--group', groupId], {
+    await run('npx', ['tsx', 'cli/main.ts', 'inbox', 'replay', poisonId, '--group', groupId], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: tdb.url, KAFKA_BROKERS: kafkaBrokers().join(',') },
     });
@@ -197,7 +197,7 @@ describe('inbox consumer on a real broker and real Postgres', () => {
     );
     await sql`INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset")
               VALUES ('prune-g', 'fresh', 't', 0, 0)`.execute(tdb.db);
-    const out = await run('npx', ['tsx', 'src/cli/main.ts', 'inbox', 'prune', '--older-than-hours', '168'], {
+    const out = await run('npx', ['tsx', 'cli/main.ts', 'inbox', 'prune', '--older-than-hours', '168'], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: tdb.url },
     });

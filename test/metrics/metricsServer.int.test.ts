@@ -3,7 +3,7 @@ import { createServer, type Server } from 'node:net';
 import { promisify } from 'node:util';
 import { Registry } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { repoRoot } from '../../scripts/stack/paths.js';
+import { repoRoot } from '../../cli/stack/paths.js';
 import { ConfigurationError } from '../../src/errors.js';
 import { ExitCode } from '../../src/exitCodes.js';
 import { metricsAddressFromEnv, startMetricsServer } from '../../src/metrics/metricsServer.js';
@@ -69,7 +69,7 @@ describe('metrics server', () => {
   });
 
   it('cairn relay on a taken metrics port exits 78 (configuration) and says which address and variable', async () => {
-    const r = await exec(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'relay'], {
+    const r = await exec(process.execPath, ['--import', 'tsx', 'cli/main.ts', 'relay'], {
       cwd: repoRoot,
       timeout: 90_000,
       env: {

@@ -3,9 +3,9 @@ import { promisify } from 'node:util';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
+import { repoRoot } from '../../cli/stack/paths.js';
 import { relayMetrics } from '../../relay/metrics.js';
 import { createRelay, type Relay } from '../../relay/relay.js';
-import { repoRoot } from '../../scripts/stack/paths.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { startMetricsServer } from '../../src/metrics/metricsServer.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
@@ -232,7 +232,7 @@ describe('relay to a real broker', () => {
         (await tdb.db.selectFrom('outbox').select('message_id').where('message_id', 'in', others).execute())
           .length === 0,
     );
-    const parkedCli = await run('npx', ['tsx', 'src/cli/main.ts', 'outbox', 'parked'], {
+    const parkedCli = await run('npx', ['tsx', 'cli/main.ts', 'outbox', 'parked'], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: tdb.url },
     });
@@ -249,7 +249,7 @@ describe('relay to a real broker', () => {
       'npx',
       [
         'tsx',
-        'src/cli/main.ts',
+        'cli/main.ts',
         'outbox',
         'release',
         'poisoned',
@@ -270,15 +270,7 @@ describe('relay to a real broker', () => {
 
     await run(
       'npx',
-      [
-        'tsx',
-        'src/cli/main.ts',
-        'outbox',
-        'skip',
-        poison,
-        '--reason',
-        'payload too large, resent as pointer',
-      ],
+      ['tsx', 'cli/main.ts', 'outbox', 'skip', poison, '--reason', 'payload too large, resent as pointer'],
       {
         cwd: repoRoot,
         env: { ...process.env, DATABASE_URL: tdb.url },

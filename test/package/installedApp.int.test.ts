@@ -5,8 +5,8 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { repoRoot } from '../../cli/stack/paths.js';
 import { createScratchDatabase, type ScratchDatabase } from '../../scripts/lib/scratchDatabase.js';
-import { repoRoot } from '../../scripts/stack/paths.js';
 import { createTestTopic, kafkaBrokers } from '../support/testDatabase.js';
 import { packTarball, type Tarball } from './packTarball.js';
 

@@ -3,7 +3,7 @@ import { mkdtemp } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { repoRoot } from '../../scripts/stack/paths.js';
+import { repoRoot } from '../../cli/stack/paths.js';
 
 const run = promisify(execFile);
 

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { startLocalKafka, stopLocalKafka } from '../../cli/stack/kafka.js';
 import { createRelay } from '../../relay/relay.js';
-import { startLocalKafka, stopLocalKafka } from '../../scripts/stack/kafka.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { type Child, sigkill, sigterm, spawnTs } from '../support/processes.js';

@@ -2,7 +2,7 @@ import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { repoRoot } from '../../scripts/stack/paths.js';
+import { repoRoot } from '../../cli/stack/paths.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
@@ -65,7 +65,7 @@ describe('schema upgrade v1 -> v2', () => {
   });
 
   it('`cairn state upgrade` rewrites live v1 rows through CAS with an audit row, and leaves terminal ones as stored', async () => {
-    const { stdout } = await run('npx', ['tsx', 'src/cli/main.ts', 'state', 'upgrade'], {
+    const { stdout } = await run('npx', ['tsx', 'cli/main.ts', 'state', 'upgrade'], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: tdb.url },
     });
@@ -100,7 +100,7 @@ describe('schema upgrade v1 -> v2', () => {
     });
 
     // A second run has nothing left to do.
-    const again = await run('npx', ['tsx', 'src/cli/main.ts', 'state', 'upgrade'], {
+    const again = await run('npx', ['tsx', 'cli/main.ts', 'state', 'upgrade'], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: tdb.url },
     });

@@ -1,5 +1,5 @@
 import type { TestProject } from 'vitest/node';
-import { resolveStack, type Stack } from '../../scripts/stack/resolve.js';
+import { resolveStack, type Stack } from '../../cli/stack/resolve.js';
 
 declare module 'vitest' {
   export interface ProvidedContext {
@@ -12,7 +12,7 @@ declare module 'vitest' {
 
 let stack: Stack | undefined;
 
-/** Finds (or starts) Postgres and Kafka once for the whole run: see scripts/stack/resolve.ts. */
+/** Finds (or starts) Postgres and Kafka once for the whole run: see cli/stack/resolve.ts. */
 export async function setup(project: TestProject): Promise<void> {
   stack = await resolveStack((line) => console.log(`[cairn stack] ${line}`));
   console.log(`[cairn stack] postgres from ${stack.source.postgres}, kafka from ${stack.source.kafka}`);

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { beforeEach, describe, expect, it } from 'vitest';
-import { repoRoot } from '../../scripts/stack/paths.js';
+import { repoRoot } from '../../cli/stack/paths.js';
 import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
 
 const exec = promisify(execFile);
@@ -28,7 +28,7 @@ async function cairnKeys(
         `ulimit -f ${blocks}; exec "$@"`,
         'bash',
         'node_modules/.bin/tsx',
-        'src/cli/main.ts',
+        'cli/main.ts',
         'keys',
         ...args,
       ],

@@ -1,7 +1,7 @@
 import { parseArgs } from 'node:util';
-import { NotFoundError } from '../errors.js';
-import { ExitCode } from '../exitCodes.js';
-import { createTaskStore } from '../state/taskStore.js';
+import { NotFoundError } from '../src/errors.js';
+import { ExitCode } from '../src/exitCodes.js';
+import { createTaskStore } from '../src/state/taskStore.js';
 import { checkpointerFromEnv } from './checkpointKeys.js';
 import { UsageError } from './output.js';
 import { withDb } from './withDb.js';

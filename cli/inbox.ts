@@ -5,10 +5,10 @@ import {
   InboxMessageId,
   listDeadLetters,
   replayDeadLetter,
-} from '../../consumers/deadLetters.js';
-import { pruneInbox } from '../../consumers/sql/pruneInbox.js';
-import { kafkaBrokersFromEnv } from '../env.js';
-import { createKafkaPublisher } from '../kafka/publisher.js';
+} from '../consumers/deadLetters.js';
+import { pruneInbox } from '../consumers/sql/pruneInbox.js';
+import { kafkaBrokersFromEnv } from '../src/env.js';
+import { createKafkaPublisher } from '../src/kafka/publisher.js';
 import { exitTwoOnBadInput, operatorInput } from './operatorInput.js';
 import { printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';

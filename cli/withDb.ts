@@ -1,5 +1,5 @@
-import { assertReachable, createDb, type Db } from '../db/database.js';
-import { databaseUrlFromEnv } from '../env.js';
+import { assertReachable, createDb, type Db } from '../src/db/database.js';
+import { databaseUrlFromEnv } from '../src/env.js';
 
 /** Opens DATABASE_URL, fails fast with a clear message if it does not answer, and always closes it. */
 export async function withDb<T>(fn: (db: Db) => Promise<T>, max = 2): Promise<T> {

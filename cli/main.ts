@@ -1,6 +1,6 @@
 #!/usr/bin/env node
-/** `cairn <command>`: operator commands. Each command lives in its own module under src/cli/. */
-import { ExitCode } from '../exitCodes.js';
+/** `cairn <command>`: operator commands. Each command lives in its own module under cli/. */
+import { ExitCode } from '../src/exitCodes.js';
 import { failoverCommand } from './failover.js';
 import { inboxCommand } from './inbox.js';
 import { checkpointCommand, taskCommand } from './inspect.js';
@@ -28,7 +28,7 @@ const commands: Record<string, Command> = {
     help: `  stack up|down|status                         the local Postgres check and Kafka broker (see README)`,
   },
   relay: {
-    run: async () => (await import('../../relay/main.js')).runRelayProcess(),
+    run: async () => (await import('../relay/main.js')).runRelayProcess(),
     help: `  relay                                        publish the outbox to Kafka until SIGTERM
                                                (CAIRN_RELAY_BATCH, CAIRN_RELAY_LEASE_TTL_MS, CAIRN_RELAY_MAX_IDLE_MS)`,
   },

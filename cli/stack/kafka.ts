@@ -3,7 +3,7 @@
  * without Docker. Facts this relies on (checked on the dev machine, 2026-11-29):
  * - `org.apache.kafka:kafka_2.13:3.9.1` resolves with all runtime jars through
  *   maven-dependency-plugin 3.6.1 `copy-dependencies`; the POM brings no logging binding,
- *   so scripts/kafka/pom.xml adds slf4j-reload4j + reload4j (3.9 logs through log4j 1.x).
+ *   so cli/stack/kafka/pom.xml adds slf4j-reload4j + reload4j (3.9 logs through log4j 1.x).
  * - 3.9.x rather than 4.x: kafkajs 2.2.4 (its last release) is known to work against 3.x;
  *   4.x dropped old protocol versions (KIP-896).
  * - The broker is ready when a kafkajs admin client can list topics.

@@ -1,6 +1,6 @@
 import { parseArgs } from 'node:util';
 import { z } from 'zod';
-import { TopicName } from '../outbox/message.js';
+import { TopicName } from '../src/outbox/message.js';
 import {
   listParked,
   OperatorReason,
@@ -8,9 +8,9 @@ import {
   OutboxMessageId,
   releaseKey,
   skipMessage,
-} from '../outbox/operator.js';
-import { outboxStatus } from '../outbox/status.js';
-import { SpiffeId } from '../schemas/taskState.js';
+} from '../src/outbox/operator.js';
+import { outboxStatus } from '../src/outbox/status.js';
+import { SpiffeId } from '../src/schemas/taskState.js';
 import { defaultOperator, exitTwoOnBadInput, operatorInput } from './operatorInput.js';
 import { printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';

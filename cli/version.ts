@@ -4,7 +4,7 @@ import { fileURLToPath } from 'node:url';
 
 /**
  * The name and version of the package this file belongs to. Found by walking up from this
- * file, so it holds for src/cli (tsx in a checkout) and for dist/src/cli (an installed
+ * file, so it holds for cli/ (tsx in a checkout) and for dist/cli/ (an installed
  * package) alike.
  */
 export function packageInfo(): { name: string; version: string } | undefined {

@@ -1,8 +1,8 @@
 import { parseArgs } from 'node:util';
-import { localKeyring, writeKeyring } from '../crypto/keyProvider.js';
-import { createTenantKeys } from '../crypto/tenantKeys.js';
-import { annotate, listHolds, placeHold, releaseHold } from '../retention/holds.js';
-import { runRetention, setRetentionPolicy } from '../retention/retention.js';
+import { localKeyring, writeKeyring } from '../src/crypto/keyProvider.js';
+import { createTenantKeys } from '../src/crypto/tenantKeys.js';
+import { annotate, listHolds, placeHold, releaseHold } from '../src/retention/holds.js';
+import { runRetention, setRetentionPolicy } from '../src/retention/retention.js';
 import { printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 

@@ -1,5 +1,5 @@
-import { down, status, up } from '../../scripts/stack/commands.js';
 import { UsageError } from './output.js';
+import { down, status, up } from './stack/commands.js';
 
 /** `cairn stack up|down|status`: the same as `npm run stack:*`. */
 export async function stackCommand(argv: string[]): Promise<number> {

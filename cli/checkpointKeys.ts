@@ -1,9 +1,9 @@
-import { type Checkpointer, createCheckpointer } from '../checkpoints/checkpoints.js';
-import type { KeyRing } from '../checkpoints/signing.js';
-import { localKeyring } from '../crypto/keyProvider.js';
-import { createTenantKeys, type TenantKeys } from '../crypto/tenantKeys.js';
-import type { Db } from '../db/database.js';
-import { ValidationError } from '../errors.js';
+import { type Checkpointer, createCheckpointer } from '../src/checkpoints/checkpoints.js';
+import type { KeyRing } from '../src/checkpoints/signing.js';
+import { localKeyring } from '../src/crypto/keyProvider.js';
+import { createTenantKeys, type TenantKeys } from '../src/crypto/tenantKeys.js';
+import type { Db } from '../src/db/database.js';
+import { ValidationError } from '../src/errors.js';
 
 /**
  * The keys an operator's command needs to read and check checkpoints, from the environment:

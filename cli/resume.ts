@@ -1,10 +1,10 @@
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
-import { ValidationError } from '../errors.js';
-import { createLeaseManager } from '../leases/leases.js';
-import { createReceiptStore } from '../receipts/receipts.js';
-import { parsePolicy, resume } from '../recovery/resume.js';
-import { createTaskStore } from '../state/taskStore.js';
+import { ValidationError } from '../src/errors.js';
+import { createLeaseManager } from '../src/leases/leases.js';
+import { createReceiptStore } from '../src/receipts/receipts.js';
+import { parsePolicy, resume } from '../src/recovery/resume.js';
+import { createTaskStore } from '../src/state/taskStore.js';
 import { checkpointerFromEnv } from './checkpointKeys.js';
 import { UsageError } from './output.js';
 import { withDb } from './withDb.js';

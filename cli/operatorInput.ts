@@ -1,6 +1,6 @@
 import type { z } from 'zod';
-import { ValidationError } from '../errors.js';
-import { parseOptions } from '../options.js';
+import { ValidationError } from '../src/errors.js';
+import { parseOptions } from '../src/options.js';
 import { UsageError } from './output.js';
 
 export const defaultOperator = `spiffe://cairn.local/operator/${process.env.USER ?? 'unknown'}`;

@@ -2,7 +2,7 @@ import { mkdirSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-/** Repository root, whether this file runs from `scripts/stack` or from `dist/scripts/stack`. */
+/** Repository root, whether this file runs from `cli/stack` or from `dist/cli/stack`. */
 function findRoot(): string {
   const here = dirname(fileURLToPath(import.meta.url));
   const up = resolve(here, '..', '..');
@@ -23,7 +23,7 @@ export const kafkaPaths = {
   config: join(stackDir, 'kafka', 'server.properties'),
   log4j: join(stackDir, 'kafka', 'log4j.properties'),
   clusterId: join(stackDir, 'kafka', 'cluster-id'),
-  pom: join(repoRoot, 'scripts', 'kafka', 'pom.xml'),
+  pom: join(repoRoot, 'cli', 'stack', 'kafka', 'pom.xml'),
 };
 
 export function ensureDir(path: string): string {

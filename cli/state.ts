@@ -1,6 +1,6 @@
 import { parseArgs } from 'node:util';
-import { createTaskStore } from '../state/taskStore.js';
-import { upgradeStoredTasks } from '../state/upgrade.js';
+import { createTaskStore } from '../src/state/taskStore.js';
+import { upgradeStoredTasks } from '../src/state/upgrade.js';
 import { UsageError } from './output.js';
 import { withDb } from './withDb.js';
 

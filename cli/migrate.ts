@@ -1,5 +1,5 @@
 import { parseArgs } from 'node:util';
-import { migrateToLatest, migrationStatus } from '../db/migrate.js';
+import { migrateToLatest, migrationStatus } from '../src/db/migrate.js';
 import { printResult } from './output.js';
 import { withDb } from './withDb.js';
 

@@ -1,7 +1,7 @@
 import { parseArgs } from 'node:util';
-import { kafkaBrokersFromEnv } from '../env.js';
-import { kafkaClient } from '../kafka/publisher.js';
-import { checkAfterFailover, quarantine, releaseQuarantine } from '../recovery/failover.js';
+import { kafkaBrokersFromEnv } from '../src/env.js';
+import { kafkaClient } from '../src/kafka/publisher.js';
+import { checkAfterFailover, quarantine, releaseQuarantine } from '../src/recovery/failover.js';
 import { printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 

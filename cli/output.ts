@@ -1,5 +1,5 @@
-import { CairnError } from '../errors.js';
-import { ExitCode, exitCodeFor } from '../exitCodes.js';
+import { CairnError } from '../src/errors.js';
+import { ExitCode, exitCodeFor } from '../src/exitCodes.js';
 
 /** Wrong arguments (an unknown command or flag, a missing or malformed value): exit 2. */
 export class UsageError extends CairnError {
