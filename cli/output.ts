@@ -40,12 +40,12 @@ export function cliExitCode(err: unknown): number {
 
 /**
  * Prints an error on stderr, as one JSON object `{"error":{"code","message","retriable"}}`
- * with --json (one line, so a script can parse stderr whole) or as `cairn: [code] message`,
- * and returns the exit code, which is the same either way.
+ * with --json (one line, so a script can parse stderr whole) or as `cairn: [code] message`
+ * (`demo: ...` for the npm scripts), and returns the exit code, which is the same either way.
  */
-export function reportError(err: unknown, json: boolean): number {
+export function reportError(err: unknown, json: boolean, program = 'cairn'): number {
   const d = describeError(err);
   if (json) process.stderr.write(`${JSON.stringify({ error: d })}\n`);
-  else process.stderr.write(`cairn: ${d.code === 'unexpected' ? '' : `[${d.code}] `}${d.message}\n`);
+  else process.stderr.write(`${program}: ${d.code === 'unexpected' ? '' : `[${d.code}] `}${d.message}\n`);
   return cliExitCode(err);
 }

@@ -9,11 +9,30 @@
  * sink. Prints the faults and the checks; the last line is
  * `{"chaos":true,"faults":…,"violations":…,"tasks":…,"by_kind":{…}}`; exit 1 on any violation.
  */
-import { parseArgs } from 'node:util';
+import { z } from 'zod';
+import { databaseFlag, numberFlag, parseScriptArgs } from '../cli/parseScriptArgs.js';
 import { resolveStack } from '../cli/stack/resolve.js';
 import { runSoak } from './chaos/soak.js';
 
-const { values } = parseArgs({
+const args = parseScriptArgs({
+  name: 'chaos',
+  usage: `usage: npm run chaos -- [flags]
+
+The chaos soak: relays, agents and observers run the demo workflow under seeded faults
+(kills, freezes, broker restarts, session kills, duplicates, stale writers), then an
+independent checker reads Postgres, the topics and the effect sink. The last line is JSON;
+exit 1 on any violation.
+
+flags:
+  --minutes M           how long faults are injected (10)
+  --seed S              fixes which faults happen in which order (7)
+  --rate R              new tasks per second (1)
+  --work-ms M           simulated agent work per step, in ms (200)
+  --settle S            seconds, after the faults stop, for every task to settle (180)
+  --fault-every-ms M    one fault every M ms (1500)
+  --broker-every S      at most one broker restart every S seconds (60)
+  --database NAME       the scratch database, dropped and created again (cairn_chaos)
+  --help                this text`,
   options: {
     minutes: { type: 'string', default: '10' },
     seed: { type: 'string', default: '7' },
@@ -24,33 +43,29 @@ const { values } = parseArgs({
     'broker-every': { type: 'string', default: '60' },
     database: { type: 'string', default: 'cairn_chaos' },
   },
+  schema: z.strictObject({
+    minutes: numberFlag({ atLeast: 0.1 }),
+    seed: numberFlag({ atLeast: 0 }),
+    rate: numberFlag({ atLeast: 0.01 }),
+    'work-ms': numberFlag({ atLeast: 0 }),
+    settle: numberFlag({ atLeast: 1 }),
+    'fault-every-ms': numberFlag({ atLeast: 100 }),
+    'broker-every': numberFlag({ atLeast: 1 }),
+    database: databaseFlag,
+  }),
 });
-const num = (name: keyof typeof values, min: number) => {
-  const v = Number(values[name]);
-  if (!(v >= min)) {
-    console.error(`chaos: --${name} must be a number >= ${min} (got ${values[name]})`);
-    process.exit(2);
-  }
-  return v;
-};
-const minutes = num('minutes', 0.1);
 const log = (line: string) => process.stderr.write(`${line}\n`);
 const stack = await resolveStack((l) => log(`[stack] ${l}`));
-const database = values.database!;
-if (!/^[a-z_][a-z0-9_]{0,62}$/.test(database)) {
-  console.error(`chaos: --database must be a plain lower-case name (got ${database})`);
-  process.exit(2);
-}
 const r = await runSoak({
-  minutes,
-  seed: num('seed', 0),
-  rate: num('rate', 0.01),
-  workMs: num('work-ms', 0),
-  settleS: num('settle', 1),
-  faultEveryMs: num('fault-every-ms', 100),
-  brokerRestartEveryS: num('broker-every', 1),
+  minutes: args.minutes,
+  seed: args.seed,
+  rate: args.rate,
+  workMs: args['work-ms'],
+  settleS: args.settle,
+  faultEveryMs: args['fault-every-ms'],
+  brokerRestartEveryS: args['broker-every'],
   databaseUrl: stack.databaseUrl,
-  database,
+  database: args.database,
   kafkaBrokers: stack.kafkaBrokers,
   canRestartBroker: stack.source.kafka.startsWith('local'),
   log,
@@ -84,8 +99,8 @@ console.log(
     consumers_replaced: r.consumersReplaced,
     by_kind: r.faults,
     seconds: r.seconds,
-    seed: Number(values.seed),
-    minutes,
+    seed: args.seed,
+    minutes: args.minutes,
   }),
 );
 process.exit(r.violations === 0 ? 0 : 1);

@@ -7,8 +7,9 @@
  * them, injects duplicate deliveries, and at the end checks the outcome from the database
  * and the deploy sink. The last line is a JSON summary; the exit code is 1 on any violation.
  */
-import { parseArgs } from 'node:util';
 import { sql } from 'kysely';
+import { z } from 'zod';
+import { databaseFlag, numberFlag, parseScriptArgs } from '../cli/parseScriptArgs.js';
 import { resolveStack } from '../cli/stack/resolve.js';
 import { createDb } from '../src/db/database.js';
 import { migrateToLatest } from '../src/db/migrate.js';
@@ -21,7 +22,23 @@ import { startSink } from './lib/effectSink.js';
 import { createFaults, createFleet, seeded } from './lib/faults.js';
 import { createScratchDatabase } from './lib/scratchDatabase.js';
 
-const { values } = parseArgs({
+const args = parseScriptArgs({
+  name: 'demo',
+  usage: `usage: npm run demo -- [flags]
+
+Agents that crash, retry and receive duplicates, and a workflow that still ends right. Starts
+the local stack unless DATABASE_URL / KAFKA_BROKERS are set; the last line is a JSON summary;
+exit 1 on any violation.
+
+flags:
+  --tasks N             tasks to run through the workflow (100)
+  --chaos off|low|high  faults: none; agent kills and duplicates; also Postgres sessions
+                        and a broker restart (low)
+  --seed S              fixes which faults happen in which order (1)
+  --work-ms M           simulated agent work per step, in ms (300)
+  --timeout S           give up after S seconds (170)
+  --database NAME       the scratch database, dropped and created again (cairn_demo)
+  --help                this text`,
   options: {
     tasks: { type: 'string', default: '100' },
     chaos: { type: 'string', default: 'low' },
@@ -30,34 +47,33 @@ const { values } = parseArgs({
     'work-ms': { type: 'string', default: '300' },
     database: { type: 'string', default: 'cairn_demo' },
   },
+  schema: z.strictObject({
+    tasks: numberFlag({ above: 0 }, { integer: true }),
+    chaos: z.enum(['off', 'low', 'high']),
+    seed: numberFlag({ atLeast: 0 }, { integer: true }),
+    timeout: numberFlag({ above: 0 }),
+    'work-ms': numberFlag({ atLeast: 0 }),
+    database: databaseFlag,
+  }),
 });
-const TASKS = Number(values.tasks);
-const CHAOS = values.chaos as 'off' | 'low' | 'high';
-const TIMEOUT_S = Number(values.timeout);
-if (!(TASKS > 0) || !['off', 'low', 'high'].includes(CHAOS) || !(TIMEOUT_S > 0)) {
-  console.error(
-    `demo: --tasks must be > 0 (got ${values.tasks}), --chaos off|low|high (got ${values.chaos}), --timeout > 0`,
-  );
-  process.exit(2);
-}
-const { pick } = seeded(Number(values.seed) || 1);
+const TASKS = args.tasks;
+const CHAOS = args.chaos;
+const TIMEOUT_S = args.timeout;
+const { pick } = seeded(args.seed || 1);
 const log = (line: string) => process.stderr.write(`${line}\n`);
 
 // --- stack, database, sink -------------------------------------------------------------
 const stack = await resolveStack((l) => log(`[stack] ${l}`));
-const dbName = values.database!;
-if (!/^[a-z_][a-z0-9_]{0,62}$/.test(dbName)) {
-  console.error(`demo: --database must be a plain lower-case name (got ${dbName})`);
-  process.exit(2);
-}
-const { url: databaseUrl } = await createScratchDatabase(stack.databaseUrl, dbName, { recreate: true });
+const { url: databaseUrl } = await createScratchDatabase(stack.databaseUrl, args.database, {
+  recreate: true,
+});
 const db = createDb({ connectionString: databaseUrl, max: 6, applicationName: 'cairn-demo-orchestrator' });
 await migrateToLatest(db);
 await sql`CREATE TABLE demo_event (kind text NOT NULL, n int NOT NULL, at timestamptz NOT NULL DEFAULT now())`.execute(
   db,
 );
 const sink = await startSink();
-const run = `${values.seed}-${Date.now().toString(36)}`;
+const run = `${args.seed}-${Date.now().toString(36)}`;
 const kafka = kafkaClient(stack.kafkaBrokers.split(','), 'cairn-demo');
 const admin = kafka.admin();
 await admin.connect();
@@ -78,7 +94,7 @@ const env = {
   SINK_URL: sink.url,
   CAIRN_RELAY_LEASE_TTL_MS: '2000',
   CAIRN_RELAY_MAX_IDLE_MS: '50',
-  DEMO_WORK_MS: String(Number(values['work-ms']) || 0),
+  DEMO_WORK_MS: String(args['work-ms']),
 };
 const fleet = createFleet(
   ['relay', ...(Object.keys(ROLES) as Role[])].map((name) => ({
@@ -220,7 +236,7 @@ const summary = {
   deploys_executed: [...sink.applied.values()].reduce((a, b) => a + b, 0),
   seconds: Math.round((Date.now() - startedAt) / 1000),
   chaos: CHAOS,
-  seed: Number(values.seed),
+  seed: args.seed,
 };
 await sink.close();
 await db.destroy();

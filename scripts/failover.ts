@@ -7,35 +7,47 @@
  * checkpoint. Prints the checks, RTO and what was lost; the last line is JSON; exit 1 on a
  * violation. Needs Debian's PostgreSQL server binaries (or CAIRN_PG_BIN) and a broker.
  */
-import { parseArgs } from 'node:util';
+import { z } from 'zod';
+import { numberFlag, parseScriptArgs } from '../cli/parseScriptArgs.js';
 import { resolveStack } from '../cli/stack/resolve.js';
 import { runFailover } from './failover/scenario.js';
 
-const { values } = parseArgs({
+const args = parseScriptArgs({
+  name: 'failover',
+  usage: `usage: npm run failover -- [flags]
+
+Regional failover with real processes: region A is killed mid-workflow, region B's standby
+is promoted, checked against the broker and the effect sink, and every task resumes from its
+checkpoint. Needs PostgreSQL's server binaries (or CAIRN_PG_BIN) and a broker. The last line
+is JSON; exit 1 on a violation.
+
+flags:
+  --mode sync|async     the standby's replication (sync)
+  --tasks N             tasks in flight when region A dies (20)
+  --work-ms M           simulated agent work per step, in ms (200)
+  --timeout S           give up after S seconds (120)
+  --help                this text`,
   options: {
     mode: { type: 'string', default: 'sync' },
     tasks: { type: 'string', default: '20' },
     'work-ms': { type: 'string', default: '200' },
     timeout: { type: 'string', default: '120' },
   },
+  schema: z.strictObject({
+    mode: z.enum(['sync', 'async']),
+    tasks: numberFlag({ above: 0 }, { integer: true }),
+    'work-ms': numberFlag({ atLeast: 0 }),
+    timeout: numberFlag({ above: 0 }),
+  }),
 });
-const mode = values.mode as 'sync' | 'async';
-const tasks = Number(values.tasks);
-const timeoutS = Number(values.timeout);
-if (!['sync', 'async'].includes(mode) || !(tasks > 0) || !(timeoutS > 0)) {
-  console.error(
-    `failover: --mode sync|async (got ${values.mode}), --tasks > 0 (got ${values.tasks}), --timeout > 0`,
-  );
-  process.exit(2);
-}
 const log = (line: string) => process.stderr.write(`${line}\n`);
 const stack = await resolveStack((l) => log(`[stack] ${l}`));
 const r = await runFailover({
-  mode,
-  tasks,
-  workMs: Number(values['work-ms']) || 0,
+  mode: args.mode,
+  tasks: args.tasks,
+  workMs: args['work-ms'],
   kafkaBrokers: stack.kafkaBrokers,
-  timeoutS,
+  timeoutS: args.timeout,
   log,
 });
 await stack.stop();
