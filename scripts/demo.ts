@@ -10,6 +10,7 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
 import { databaseFlag, numberFlag, parseScriptArgs } from '../cli/parseScriptArgs.js';
+import { localBrokerStillRunning } from '../cli/stack/kafka.js';
 import { resolveStack } from '../cli/stack/resolve.js';
 import { createDb } from '../src/db/database.js';
 import { migrateToLatest } from '../src/db/migrate.js';
@@ -241,5 +242,9 @@ const summary = {
 await sink.close();
 await db.destroy();
 await stack.stop();
+const brokerNote = localBrokerStillRunning(stack.kafkaBrokers, {
+  startedByThisRun: stack.localKafka?.started === true,
+});
+if (brokerNote) log(`[demo] ${brokerNote}`);
 console.log(JSON.stringify(summary));
 process.exit(violations === 0 ? 0 : 1);

@@ -261,6 +261,23 @@ async function waitReady(child: ChildProcess | undefined, log: (line: string) =>
   );
 }
 
+/**
+ * The line a run that used the project's local broker ends with: the broker outlives the run
+ * (so the next one does not wait 10+ s for a JVM), and here is how to stop it. Undefined when
+ * the run used another broker, or the local one is not running (any more).
+ */
+export function localBrokerStillRunning(
+  usedBrokers: string,
+  opts: { startedByThisRun: boolean },
+): string | undefined {
+  if (!usedBrokers.split(',').includes(localBrokers)) return undefined;
+  const pid = readPid();
+  if (pid === undefined || !isAlive(pid)) return undefined;
+  return opts.startedByThisRun
+    ? `this run started the Kafka broker on ${localBrokers} (pid ${pid}); it is still running, ready for the next run. Stop it with \`npm run stack:down\``
+    : `the local stack's Kafka broker on ${localBrokers} (pid ${pid}) is still running. Stop it with \`npm run stack:down\``;
+}
+
 /** Stops the broker this stack started: SIGTERM for a clean shutdown, SIGKILL after `graceMs`. */
 export async function stopLocalKafka(
   opts: { graceMs?: number; signal?: NodeJS.Signals } = {},

@@ -11,6 +11,8 @@ export interface Stack {
   databaseUrl: string;
   kafkaBrokers: string;
   source: { postgres: string; kafka: string };
+  /** Set when the stack is the local KRaft broker; `started` when this call started it. */
+  localKafka?: { started: boolean };
   /** Stops what this call started in containers; the local broker stays up for the next run. */
   stop(): Promise<void>;
 }
@@ -24,6 +26,7 @@ export async function resolveStack(log: Log = (l) => console.error(`[cairn stack
   let databaseUrl = envDb;
   let kafkaBrokers = envKafka;
   const source = { postgres: envDb ? 'DATABASE_URL' : '', kafka: envKafka ? 'KAFKA_BROKERS' : '' };
+  let localKafka: Stack['localKafka'];
 
   if ((!databaseUrl || !kafkaBrokers) && process.env.CAIRN_STACK !== 'local') {
     const engine = await containerEngine();
@@ -55,7 +58,7 @@ export async function resolveStack(log: Log = (l) => console.error(`[cairn stack
   if (pgError) throw new Error(postgresHelp(databaseUrl, pgError, Boolean(envDb)));
 
   if (!kafkaBrokers) {
-    await startLocalKafka(log);
+    localKafka = await startLocalKafka(log);
     kafkaBrokers = localBrokers;
     source.kafka = `local KRaft broker ${localBrokers}`;
   } else if (!(await kafkaAnswers(kafkaBrokers, 5000))) {
@@ -71,6 +74,7 @@ export async function resolveStack(log: Log = (l) => console.error(`[cairn stack
     databaseUrl,
     kafkaBrokers,
     source,
+    ...(localKafka ? { localKafka } : {}),
     async stop() {
       for (const stop of stops.reverse()) await stop();
     },

@@ -17,7 +17,7 @@ afterAll(async () => {
 
 describe('the demo', () => {
   it('`npm run demo -- --tasks 10 --chaos low` ends with every task complete and 0 violations', async () => {
-    const { stdout } = await run(
+    const { stdout, stderr } = await run(
       'npx',
       [
         'tsx',
@@ -50,5 +50,13 @@ describe('the demo', () => {
     });
     expect(summary.crashes_injected).toBeGreaterThan(0);
     expect(stdout).toMatch(/deploys executed exactly once \(sink\) +10 +10 \(0 tasks wrong\) +ok/);
+    // It used the local stack's broker (already running, from this test run): it says so, and how to stop it.
+    if (inject('kafkaLocal')) {
+      expect(stderr).toMatch(
+        /\[demo\] the local stack's Kafka broker on \S+ \(pid \d+\) is still running\. Stop it with `npm run stack:down`/,
+      );
+    } else {
+      expect(stderr).not.toContain('npm run stack:down');
+    }
   });
 });
