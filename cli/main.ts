@@ -25,7 +25,7 @@ const commands: Record<string, Command> = {
   },
   stack: {
     run: stackCommand,
-    help: `  stack up|down|status                         the local Postgres check and Kafka broker (see README)`,
+    help: `  stack up|down|status [--json]                the local Postgres check and Kafka broker (see README)`,
   },
   relay: {
     run: async () => (await import('../relay/main.js')).runRelayProcess(),

@@ -1,12 +1,34 @@
-import { UsageError } from './output.js';
-import { down, status, up } from './stack/commands.js';
+import { parseArgs } from 'node:util';
+import { exitTwoOnBadInput } from './operatorInput.js';
+import { printResult, UsageError } from './output.js';
+import { down, printStackStatus, stackStatus, up } from './stack/commands.js';
+
+const usage = `usage:
+  cairn stack up        check Postgres, start the local Kafka broker (a no-op if it runs)
+  cairn stack down      stop the broker the local stack started
+  cairn stack status [--json]
+                        whether Postgres and each Kafka broker answer, the local broker's pid;
+                        exit 1 if one does not`;
 
 /** `cairn stack up|down|status`: the same as `npm run stack:*`. */
-export async function stackCommand(argv: string[]): Promise<number> {
-  const sub = argv[0];
-  if (sub === 'up') await up();
-  else if (sub === 'down') await down();
-  else if (sub === 'status') return status();
-  else throw new UsageError('usage: cairn stack up|down|status');
-  return 0;
+export function stackCommand(argv: string[]): Promise<number> {
+  return exitTwoOnBadInput(async () => {
+    const { positionals, values } = parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: { json: { type: 'boolean' } },
+    });
+    const [sub, ...extra] = positionals;
+    if (extra.length > 0) throw new UsageError(`unexpected argument(s) ${extra.join(' ')}\n${usage}`);
+    if (sub === 'status') {
+      const status = await stackStatus();
+      printResult(values.json, status, () => printStackStatus(status));
+      return status.ok ? 0 : 1;
+    }
+    if (values.json) throw new UsageError(`--json: only \`cairn stack status\` prints data\n${usage}`);
+    if (sub === 'up') await up();
+    else if (sub === 'down') await down();
+    else throw new UsageError(`\n${usage}`);
+    return 0;
+  });
 }

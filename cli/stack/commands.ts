@@ -20,20 +20,76 @@ export async function down(): Promise<void> {
   log(stopped ? 'Kafka broker stopped' : 'no local Kafka broker was running');
 }
 
-export async function status(): Promise<number> {
+/** What `cairn stack status` finds; `--json` prints it as it is. */
+export interface StackStatus {
+  /** Postgres answers, and so does every Kafka broker (the local one: the one this stack started). */
+  ok: boolean;
+  postgres: { url: string; source: 'DATABASE_URL' | 'local'; reachable: boolean; error?: string };
+  kafka: {
+    source: 'KAFKA_BROKERS' | 'local';
+    /** Each bootstrap broker, asked on its own. */
+    brokers: Array<{ address: string; reachable: boolean }>;
+    /** The local broker's process while it runs; null for KAFKA_BROKERS or a stopped broker. */
+    pid: number | null;
+    /** The local broker only: `starting` while its process runs but does not answer yet. */
+    state?: 'up' | 'starting' | 'down';
+    version?: string;
+    log?: string;
+  };
+}
+
+export async function stackStatus(): Promise<StackStatus> {
   const dbUrl = process.env.DATABASE_URL ?? localDatabaseUrl;
   const pgError = await postgresAnswers(dbUrl);
-  log(`postgres ${redactUrl(dbUrl)}: ${pgError ? `DOWN (${pgError})` : 'up'}`);
+  const postgres = {
+    url: redactUrl(dbUrl),
+    source: process.env.DATABASE_URL ? ('DATABASE_URL' as const) : ('local' as const),
+    reachable: !pgError,
+    ...(pgError ? { error: pgError } : {}),
+  };
+  const probe = (list: string) =>
+    Promise.all(
+      list
+        .split(',')
+        .filter(Boolean)
+        .map(async (address) => ({ address, reachable: await kafkaAnswers(address) })),
+    );
   if (process.env.KAFKA_BROKERS) {
-    const ok = await kafkaAnswers(process.env.KAFKA_BROKERS);
-    log(`kafka ${process.env.KAFKA_BROKERS} (KAFKA_BROKERS): ${ok ? 'up' : 'DOWN'}`);
-    return pgError || !ok ? 1 : 0;
+    const brokers = await probe(process.env.KAFKA_BROKERS);
+    return {
+      ok: postgres.reachable && brokers.every((b) => b.reachable),
+      postgres,
+      kafka: { source: 'KAFKA_BROKERS', brokers, pid: null },
+    };
   }
   const pid = readPid();
   const alive = pid !== undefined && isAlive(pid);
-  const ok = alive && (await kafkaAnswers(localBrokers));
-  log(
-    `kafka ${localBrokers} (local ${KAFKA_VERSION}): ${ok ? `up, pid ${pid}` : alive ? `starting, pid ${pid}` : 'down'}; log ${kafkaPaths.log}`,
-  );
-  return pgError || !ok ? 1 : 0;
+  // Something else answering on the port while our broker is not running is not the local stack.
+  const brokers = alive ? await probe(localBrokers) : [{ address: localBrokers, reachable: false }];
+  const up = alive && brokers.every((b) => b.reachable);
+  return {
+    ok: postgres.reachable && up,
+    postgres,
+    kafka: {
+      source: 'local',
+      brokers,
+      pid: alive ? pid : null,
+      state: up ? 'up' : alive ? 'starting' : 'down',
+      version: KAFKA_VERSION,
+      log: kafkaPaths.log,
+    },
+  };
+}
+
+/** The status as the lines `npm run stack:status` has always printed. */
+export function printStackStatus(s: StackStatus): void {
+  const pg = s.postgres;
+  log(`postgres ${pg.url}: ${pg.reachable ? 'up' : `DOWN (${pg.error})`}`);
+  const k = s.kafka;
+  if (k.source === 'KAFKA_BROKERS') {
+    for (const b of k.brokers) log(`kafka ${b.address} (KAFKA_BROKERS): ${b.reachable ? 'up' : 'DOWN'}`);
+    return;
+  }
+  const state = k.state === 'down' ? 'down' : `${k.state}, pid ${k.pid}`;
+  log(`kafka ${k.brokers[0]?.address} (local ${k.version}): ${state}; log ${k.log}`);
 }

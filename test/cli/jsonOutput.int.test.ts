@@ -68,6 +68,18 @@ describe('cairn --json', () => {
         ['failover', 'check', '--topics', topic, '--json'],
         (d) => expect(d).toMatchObject({ divergedTasks: [], quarantined: 0 }),
       ],
+      [
+        ['stack', 'status', '--json'],
+        (d) =>
+          expect(d).toMatchObject({
+            ok: true,
+            postgres: { reachable: true },
+            kafka: {
+              source: 'KAFKA_BROKERS',
+              brokers: kafkaBrokers().map((address) => ({ address, reachable: true })),
+            },
+          }),
+      ],
     ];
     for (const [args, check] of reads) {
       const r = await cairn(args);
@@ -82,6 +94,7 @@ describe('cairn --json', () => {
       { args: ['task', 'show', taskId, '--no-such-flag'], code: 2, error: 'usage' },
       { args: ['outbox', 'skip', 'not-a-uuid', '--reason', 'r'], code: 2, error: 'usage' },
       { args: ['hold', 'frobnicate'], code: 2, error: 'usage' },
+      { args: ['stack', 'status', 'extra'], code: 2, error: 'usage' },
       { args: ['task', 'show', 'no-such-task'], code: 1, error: 'not_found' },
       { args: ['outbox', 'status'], env: { DATABASE_URL: 'mysql://nope' }, code: 78, error: 'configuration' },
     ];
