@@ -1,5 +1,6 @@
 import { parseArgs } from 'node:util';
 import { migrateToLatest, migrationStatus } from '../src/db/migrate.js';
+import { schemaOf } from '../src/db/tenant.js';
 import { printResult } from './output.js';
 import { withDb } from './withDb.js';
 
@@ -21,9 +22,10 @@ export async function migrateCommand(argv: string[]): Promise<number> {
       return 0;
     }
     const ran = await migrateToLatest(db);
-    printResult(values.json, { ran }, () => {
-      if (ran.length === 0) console.log('schema is up to date; no migration ran');
-      for (const name of ran) console.log(`ran ${name}`);
+    const schema = schemaOf(db);
+    printResult(values.json, { schema, ran }, () => {
+      if (ran.length === 0) console.log(`schema ${schema} is up to date; no migration ran`);
+      for (const name of ran) console.log(`ran ${name} (schema ${schema})`);
     });
     return 0;
   });

@@ -53,7 +53,7 @@ describe('cairn --json', () => {
         ['migrate', '--status', '--json'],
         (d) => expect((d as Array<{ name: string; executedAt: string }>)[0]!.executedAt).toBeTruthy(),
       ],
-      [['migrate', '--json'], (d) => expect(d).toEqual({ ran: [] })],
+      [['migrate', '--json'], (d) => expect(d).toEqual({ schema: 'cairn', ran: [] })],
       [['task', 'show', taskId, '--json'], (d) => expect(d).toMatchObject({ state: { task_id: taskId } })],
       [['task', 'history', taskId, '--json'], (d) => expect(d).toMatchObject([{ version: 1 }])],
       [['checkpoint', 'list', taskId, '--json'], (d) => expect(d).toEqual([])],

@@ -258,7 +258,7 @@ const cases: Array<Case<unknown>> = [
         db.db,
       );
       const tables = await sql<{ t: string }>`
-        SELECT table_name AS t FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1`.execute(
+        SELECT table_name AS t FROM information_schema.tables WHERE table_schema = 'cairn' ORDER BY 1`.execute(
         db.db,
       );
       const seeded = await sql<{ n: number }>`SELECT count(*)::int AS n FROM task_transition`.execute(db.db);
@@ -269,7 +269,7 @@ const cases: Array<Case<unknown>> = [
       };
     },
     first: { code: 0, out: /ran 0001_task_state/ },
-    second: { code: 0, out: /^schema is up to date; no migration ran\n$/ },
+    second: { code: 0, out: /^schema cairn is up to date; no migration ran\n$/ },
     // kysely creates its lock table first, then runs every migration in one transaction.
     killPoint: async ({ db }) =>
       (await sql<{ r: string | null }>`SELECT to_regclass('cairn_migration_lock')::text AS r`.execute(db.db))
