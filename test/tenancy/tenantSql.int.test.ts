@@ -182,6 +182,18 @@ describe("a tenant's own SQL on its own connection", () => {
     expect(await ownerCount(sql`SELECT count(*)::int AS n FROM task_state WHERE task_id = 'a-2'`)).toBe(1);
   });
 
+  it("cannot create anything in Cairn's schema (a table or function shadowing one of Cairn's)", async () => {
+    for (const ddl of [
+      sql`CREATE TABLE cairn.task_status_override (status text)`,
+      sql`CREATE FUNCTION cairn.cairn_current_tenant_x() RETURNS text LANGUAGE sql AS $$ SELECT 'tenant-b' $$`,
+    ]) {
+      await expect(ddl.execute(asA)).rejects.toThrow(/permission denied for schema cairn/);
+    }
+    // Its path starts with Cairn's schema, as on every connection Cairn makes.
+    const path = await sql<{ p: string }>`SELECT current_setting('search_path') AS p`.execute(asA);
+    expect(path.rows[0]!.p).toBe('cairn,public');
+  });
+
   it('cannot raise a version without its audit row', async () => {
     await expect(
       sql`UPDATE task_state SET version = version + 1 WHERE task_id = 'a-2'`.execute(asA),
