@@ -62,18 +62,42 @@ export function searchPathOption(schema: string): string {
 }
 
 /**
+ * A connection string without its own `options` parameter, and the options to pass beside
+ * it: the string's (e.g. `-c statement_timeout=...`, a provider's `endpoint=...`) followed by
+ * Cairn's search_path. pg lets the string's parameters win over the pool's settings, so
+ * leaving `options` in it would silently drop Cairn's.
+ */
+export function withSearchPath(
+  connectionString: string,
+  schema: string,
+): { connectionString: string; options: string } {
+  let url: URL;
+  try {
+    url = new URL(connectionString);
+  } catch {
+    return { connectionString, options: searchPathOption(schema) };
+  }
+  const own = url.searchParams.get('options');
+  if (own === null) return { connectionString, options: searchPathOption(schema) };
+  url.searchParams.delete('options');
+  // The later -c of the same setting wins: Cairn's search_path, after whatever the string set.
+  return { connectionString: url.toString(), options: `${own} ${searchPathOption(schema)}` };
+}
+
+/**
  * A pg pool with Cairn's settings, type parsers and error listeners. Typed as kysely sees a
  * pool, so that Cairn's declarations never name pg's types (the application's tsc would then
  * need @types/pg).
  */
 export function createPool(o: PoolSettings): PostgresPool {
+  const { connectionString, options } = withSearchPath(o.connectionString, o.schema);
   const pool = new pg.Pool({
-    connectionString: o.connectionString,
+    connectionString,
     max: o.max,
     connectionTimeoutMillis: o.connectionTimeoutMillis,
     application_name: o.applicationName,
     types: cairnTypes,
-    options: searchPathOption(o.schema),
+    options,
     ...(o.statementTimeoutMillis ? { statement_timeout: o.statementTimeoutMillis } : {}),
   });
   // An idle client whose backend is killed emits 'error' on the pool; without a listener
@@ -114,15 +138,13 @@ export interface PgPoolClient {
  *
  * Cairn's schema goes first on the search_path of a client while Cairn holds it (one round
  * trip when it is checked out), and the application's own path is put back before the client
- * returns to the pool. A pool whose connections already start their path with Cairn's schema
- * (made with `options: '-c search_path=cairn,public'`) costs nothing.
+ * returns to the pool (a second round trip, saved when the path already started with Cairn's
+ * schema, as on a pool made with `options: '-c search_path=cairn,public'`).
  */
 export function callerPool(pool: PgPool, endPool: boolean, schema: string): PostgresPool {
   const wrapped = new WeakMap<PgPoolClient, PostgresPoolClient>();
   /** The application's search_path of each client Cairn changed, put back when it is released. */
   const previousPath = new Map<PgPoolClient, string>();
-  /** Clients whose own search_path already starts with Cairn's schema (the application set it so). */
-  const alreadyOurs = new WeakSet<PgPoolClient>();
   const release = (client: PgPoolClient, destroy?: boolean) => {
     const previous = previousPath.get(client);
     previousPath.delete(client);
@@ -143,9 +165,9 @@ export function callerPool(pool: PgPool, endPool: boolean, schema: string): Post
         w = wrapClient(client, (destroy) => release(client, destroy));
         wrapped.set(client, w);
       }
-      if (alreadyOurs.has(client)) return w;
       try {
-        // One round trip: Cairn's schema goes first on the path, unless it already is there.
+        // One round trip on every checkout (the application may have changed the path since
+        // the last one): Cairn's schema goes first, unless it already is.
         const { rows } = await client.query({
           text: `SELECT p.previous, p.first = $1 AS ours,
                    CASE WHEN p.first = $1 THEN p.previous
@@ -155,8 +177,7 @@ export function callerPool(pool: PgPool, endPool: boolean, schema: string): Post
           values: [schema],
         });
         const r = rows[0] as { previous: string; ours: boolean };
-        if (r.ours) alreadyOurs.add(client);
-        else previousPath.set(client, r.previous);
+        if (!r.ours) previousPath.set(client, r.previous);
       } catch (error) {
         client.release(true);
         throw error;

@@ -64,6 +64,25 @@ describe('createDb({ pool }): Cairn on the application pg.Pool', () => {
     expect(own.ended).toBe(true);
   });
 
+  it("a pool whose path starts with Cairn's schema, changed by the application between two checkouts: Cairn still finds its tables", async () => {
+    const own = new pg.Pool({ connectionString: tdb.url, max: 1, options: '-c search_path=cairn,public' });
+    const db = createDb({ pool: own, endPoolOnDestroy: true });
+    const tasks = createTaskStore({ db });
+    await tasks.create({ task: newTask('P-2'), actor });
+    // A schema-per-request application points the path elsewhere and releases the client.
+    const c = await own.connect();
+    await c.query('SET search_path = public');
+    c.release();
+    expect((await tasks.get('P-2'))?.version).toBe(1);
+    // The application's own path is back once Cairn releases the client.
+    const again = await own.connect();
+    expect((await again.query<{ search_path: string }>('SHOW search_path')).rows[0]?.search_path).toBe(
+      'public',
+    );
+    again.release();
+    await db.destroy();
+  });
+
   it('neither, both, or pool settings beside a pool: a ValidationError naming the field', () => {
     expect(() => createDb({} as never)).toThrow(ValidationError);
     expect(() => createDb({} as never)).toThrow(/connectionString: give either connectionString .* or pool/);

@@ -183,6 +183,37 @@ describe("Cairn's migrations in cairn_migration, beside the user's kysely_migrat
     });
   }
 
+  it('a second install in another schema of the same database is refused by name (migrate and --status), nothing created', async () => {
+    const target = await createTestDatabase('second_install');
+    dbs.push(target);
+    const other = createDb({ connectionString: target.url, max: 1, schema: 'other' });
+    onTestFinished(() => other.destroy());
+    for (const call of [() => migrateToLatest(other), () => migrationStatus(other)]) {
+      const error = await call().catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(ConfigurationError);
+      expect((error as Error).message).toMatch(
+        /in schema cairn, not in schema other: .*CAIRN_SCHEMA=cairn.*One Cairn per database/,
+      );
+    }
+    const made = await sql<{ n: number }>`
+      SELECT count(*)::int AS n FROM pg_namespace WHERE nspname = 'other'`.execute(target.db);
+    expect(made.rows[0]!.n).toBe(0);
+  });
+
+  it("a connection string with options of its own (statement_timeout): Cairn's search_path is added, not dropped, and the migrations land in cairn", async () => {
+    const target = await createTestDatabase('url_options', { migrate: false });
+    dbs.push(target);
+    const u = new URL(target.url);
+    u.searchParams.set('options', '-c statement_timeout=60000');
+    const db = createDb({ connectionString: u.toString(), max: 1 });
+    onTestFinished(() => db.destroy());
+    expect(await migrateToLatest(db)).toEqual(cairnNames);
+    const r = await sql<{ t: string | null; p: string | null; timeout: string }>`
+      SELECT to_regclass('cairn.task_state')::text AS t, to_regclass('public.task_state')::text AS p,
+             current_setting('statement_timeout') AS timeout`.execute(db);
+    expect(r.rows[0]).toEqual({ t: 'task_state', p: null, timeout: '1min' });
+  });
+
   it('a 0.2 database (Cairn in public) migrated with the default schema: a clear error, nothing created', async () => {
     const target = await createTestDatabase('legacy_default', { migrate: false, schema: 'public' });
     dbs.push(target);
