@@ -51,7 +51,7 @@ async function deploy(taskId: string): Promise<void> {
     taskId,
     branch: 'deploy',
     agentId: `${role}:${process.pid}`,
-    ttlSeconds: 2,
+    ttlMs: 2000,
   });
   if (!lease.ok) throw retryLater(`deploy lease of ${taskId} is held by ${lease.holder}`);
   try {

@@ -231,7 +231,7 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
         policy: async () => ({ version: 'failover', allowed: true, budgetLimitUsd: 5 }),
         actor: 'spiffe://demo.cairn.local/failover/resumer',
         agentId: 'failover-resumer',
-        leaseTtlSeconds: 5,
+        leaseTtlMs: 5000,
       });
       if (plan.lease) await leasesB.release(plan.lease);
       if (plan.outcome === 'resumed') resumed++;

@@ -12,7 +12,8 @@ export interface LeaseRequest {
   taskId: string;
   branch: string;
   agentId: string;
-  ttlSeconds: number;
+  /** How long the lease lasts, in milliseconds, by the database's clock (at most 24 hours). */
+  ttlMs: number;
 }
 
 export interface Lease extends Fence {
@@ -26,7 +27,7 @@ export type AcquireResult = ({ ok: true } & Lease) | { ok: false; holder: string
 export interface LeaseManager {
   acquire(req: LeaseRequest): Promise<AcquireResult>;
   /** Extends a lease that is still held; `{ ok: false }` when it expired or was taken over. */
-  renew(lease: Lease, ttlSeconds: number): Promise<{ ok: true; expiresAt: Date } | { ok: false }>;
+  renew(lease: Lease, ttlMs: number): Promise<{ ok: true; expiresAt: Date } | { ok: false }>;
   release(lease: Lease): Promise<void>;
   /**
    * Acquires, renews in the background at a third of the TTL, hands `fn` an AbortSignal
@@ -35,6 +36,8 @@ export interface LeaseManager {
    */
   withLease<T>(req: LeaseRequest, fn: (lease: Lease, signal: AbortSignal) => Promise<T>): Promise<T>;
 }
+
+const MAX_TTL_MS = 86_400_000;
 
 /**
  * Leases judge expiry by the database's clock only: an agent whose own clock is off cannot
@@ -45,9 +48,13 @@ export function createLeaseManager(opts: { db: Db; logger?: Logger }): LeaseMana
   const log = (opts.logger ?? silentLogger).child({ component: 'leases' });
 
   function check(req: LeaseRequest): void {
-    if (!(req.ttlSeconds > 0 && req.ttlSeconds <= 86_400)) {
+    if (!(req.ttlMs > 0 && req.ttlMs <= MAX_TTL_MS)) {
       throw new ValidationError('lease request', [
-        { path: 'ttlSeconds', message: 'must be more than 0 and at most 86400', value: req.ttlSeconds },
+        {
+          path: 'ttlMs',
+          message: `must be a number of milliseconds more than 0 and at most ${MAX_TTL_MS} (24 h)`,
+          value: req.ttlMs,
+        },
       ]);
     }
     for (const key of ['taskId', 'branch', 'agentId'] as const) {
@@ -65,7 +72,7 @@ export function createLeaseManager(opts: { db: Db; logger?: Logger }): LeaseMana
         branch: req.branch,
         holder: req.agentId,
         leaseId,
-        ttlMs: req.ttlSeconds * 1000,
+        ttlMs: req.ttlMs,
       });
       if (got) {
         log.debug({ task_id: req.taskId, branch: req.branch, token: got.fencing_token }, 'lease acquired');
@@ -88,9 +95,9 @@ export function createLeaseManager(opts: { db: Db; logger?: Logger }): LeaseMana
       return { ok: false, holder: held?.holder ?? '(unknown)', expiresAt: held?.expires_at ?? new Date(0) };
     },
 
-    async renew(lease, ttlSeconds) {
+    async renew(lease, ttlMs) {
       const { rows } = await sql<{ expires_at: Date }>`
-        UPDATE task_lease SET expires_at = now() + make_interval(secs => ${ttlSeconds})
+        UPDATE task_lease SET expires_at = now() + make_interval(secs => ${ttlMs / 1000})
          WHERE task_id = ${lease.taskId} AND branch = ${lease.branch} AND lease_id = ${lease.leaseId}::uuid
            AND holder IS NOT NULL AND expires_at > now()
         RETURNING expires_at
@@ -110,10 +117,10 @@ export function createLeaseManager(opts: { db: Db; logger?: Logger }): LeaseMana
       if (!got.ok) throw new LeaseHeldError(got.holder, got.expiresAt, `lease ${req.taskId}/${req.branch}`);
       const { ok: _ok, ...lease } = got;
       const controller = new AbortController();
-      const every = Math.max(50, (req.ttlSeconds * 1000) / 3);
+      const every = Math.max(50, req.ttlMs / 3);
       const timer = setInterval(async () => {
         try {
-          const r = await manager.renew(lease, req.ttlSeconds);
+          const r = await manager.renew(lease, req.ttlMs);
           if (!r.ok) {
             clearInterval(timer);
             controller.abort(

@@ -41,7 +41,8 @@ export interface ResumeOptions {
   /** SPIFFE ID written on the audit rows resume causes. */
   actor: string;
   agentId: string;
-  leaseTtlSeconds?: number;
+  /** Time to live of the task lease resume takes, in milliseconds (default 30 000). */
+  leaseTtlMs?: number;
   branch?: string;
   compensators?: Record<string, (ctx: EffectContext) => Promise<unknown>>;
 }
@@ -84,7 +85,7 @@ export async function resume(taskId: string, o: ResumeOptions): Promise<ResumePl
     taskId,
     branch: o.branch ?? 'main',
     agentId: o.agentId,
-    ttlSeconds: o.leaseTtlSeconds ?? 30,
+    ttlMs: o.leaseTtlMs ?? 30_000,
   });
   if (!got.ok)
     throw new LeaseHeldError(got.holder, got.expiresAt, `task ${taskId} (a live worker still runs it)`);

@@ -192,7 +192,7 @@ describe('resume', () => {
       taskId: 'cp-e2e',
       branch: 'main',
       agentId: 'doomed',
-      ttlSeconds: 0.2,
+      ttlMs: 200,
     });
     if (!lease.ok) throw new Error('lease');
     const dying = createReceiptStore({

@@ -155,7 +155,7 @@ describe('resume writes nothing before it owns the task (issue 14.6)', () => {
   it('while a live worker holds the lease, resume throws LeaseHeldError and writes nothing (no fallback audit, no budget re-reservation)', async () => {
     const { store, cps } = await seedCorrupt('held-1');
     const leases = createLeaseManager({ db: tdb.db });
-    const live = await leases.acquire({ taskId: 'held-1', branch: 'main', agentId: 'live', ttlSeconds: 60 });
+    const live = await leases.acquire({ taskId: 'held-1', branch: 'main', agentId: 'live', ttlMs: 60_000 });
     if (!live.ok) throw new Error('the live worker should get the lease');
     const before = await snapshotOf(store, 'held-1');
 
@@ -171,7 +171,7 @@ describe('resume writes nothing before it owns the task (issue 14.6)', () => {
     expect((await store.get('held-1'))!.budget.currency_committed_usd).toBe(100);
     // The live worker still owns the task, with the same token.
     expect(await heldLeases('held-1')).toEqual([{ holder: 'live', fencing_token: live.fencingToken }]);
-    expect((await leases.renew(live, 60)).ok).toBe(true);
+    expect((await leases.renew(live, 60_000)).ok).toBe(true);
   });
 
   it('a resume paused past its lease is refused by the fence once a new owner holds the task: nothing written', async () => {
@@ -186,7 +186,7 @@ describe('resume writes nothing before it owns the task (issue 14.6)', () => {
     const slow = resume(
       'slow-resume',
       resumeOpts(store, cps, {
-        leaseTtlSeconds: 0.5,
+        leaseTtlMs: 500,
         agentId: 'slow-resumer',
         policy: async (): Promise<Policy> => {
           paused = true;
@@ -206,7 +206,7 @@ describe('resume writes nothing before it owns the task (issue 14.6)', () => {
       taskId: 'slow-resume',
       branch: 'main',
       agentId: 'new-owner',
-      ttlSeconds: 60,
+      ttlMs: 60_000,
     });
     if (!owner.ok) throw new Error('the new owner should get the expired lease');
     const before = await snapshotOf(store, 'slow-resume');

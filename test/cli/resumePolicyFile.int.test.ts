@@ -75,7 +75,7 @@ describe('cairn resume with a bad policy file', () => {
       taskId: 'policy-held',
       branch: 'main',
       agentId: 'live',
-      ttlSeconds: 60,
+      ttlMs: 60_000,
     });
     if (!live.ok) throw new Error('the live worker should get the lease');
 

@@ -110,7 +110,7 @@ report.order = await until('the handler to write the order', async () =>
 report.inboxRows = Number((await db.selectFrom('inbox').select((eb) => eb.fn.countAll().as('n')).executeTakeFirstOrThrow()).n);
 
 const leases = createLeaseManager({ db });
-const lease = await leases.acquire({ taskId: 'APP-1', branch: 'main', agentId: 'agent-1', ttlSeconds: 30 });
+const lease = await leases.acquire({ taskId: 'APP-1', branch: 'main', agentId: 'agent-1', ttlMs: 30_000 });
 if (!lease.ok) throw new Error('lease held by ' + lease.holder);
 report.fencingToken = lease.fencingToken;
 

@@ -31,7 +31,7 @@ describe('checkpoint, then an irreversible effect', () => {
     const store = createTaskStore({ db: tdb.db, checkpointer: checkpoints, cacheSize: 0 });
     await seedPlannedTask(store, 'cte-1');
     const leases = createLeaseManager({ db: tdb.db });
-    const lease = await leases.acquire({ taskId: 'cte-1', branch: 'main', agentId: 'w1', ttlSeconds: 1 });
+    const lease = await leases.acquire({ taskId: 'cte-1', branch: 'main', agentId: 'w1', ttlMs: 1000 });
     if (!lease.ok) throw new Error('w1 could not take the lease');
 
     let reached!: () => void;

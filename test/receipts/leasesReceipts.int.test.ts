@@ -32,7 +32,7 @@ describe('leases with fencing tokens', () => {
       taskId: 'lease-1',
       branch: 'main',
       agentId: 'agent-a',
-      ttlSeconds: 0.5,
+      ttlMs: 500,
     });
     expect(a.ok).toBe(true);
     if (!a.ok) return;
@@ -40,11 +40,11 @@ describe('leases with fencing tokens', () => {
       taskId: 'lease-1',
       branch: 'main',
       agentId: 'agent-b',
-      ttlSeconds: 5,
+      ttlMs: 5000,
     });
     expect(early).toMatchObject({ ok: false, holder: 'agent-a' });
     await waitForLeaseExpiry(tdb.db, 'lease-1', 'main');
-    const b = await leases.acquire({ taskId: 'lease-1', branch: 'main', agentId: 'agent-b', ttlSeconds: 5 });
+    const b = await leases.acquire({ taskId: 'lease-1', branch: 'main', agentId: 'agent-b', ttlMs: 5000 });
     expect(b.ok).toBe(true);
     if (!b.ok) return;
     expect(b.fencingToken).toBe(a.fencingToken + 1);
@@ -66,7 +66,7 @@ describe('leases with fencing tokens', () => {
         .execute((t) => outbox.enqueue(t, [{ topic: 'fenced', key: 'lease-1', payload: {} }], { fence: a })),
     ).rejects.toThrow(/fencing token 1 is no longer current; nothing was enqueued/);
     expect(await tdb.db.selectFrom('outbox').select('id').execute()).toEqual([]);
-    expect(await leases.renew(a, 5)).toEqual({ ok: false });
+    expect(await leases.renew(a, 5000)).toEqual({ ok: false });
     const ok = await store.update({
       taskId: 'lease-1',
       expectedVersion: 1,
@@ -77,7 +77,7 @@ describe('leases with fencing tokens', () => {
     expect(ok.ok).toBe(true);
 
     await leases.release(b);
-    const c = await leases.acquire({ taskId: 'lease-1', branch: 'main', agentId: 'agent-c', ttlSeconds: 5 });
+    const c = await leases.acquire({ taskId: 'lease-1', branch: 'main', agentId: 'agent-c', ttlMs: 5000 });
     expect(c.ok && c.fencingToken).toBe(b.fencingToken + 1);
   });
 
@@ -89,7 +89,7 @@ describe('leases with fencing tokens', () => {
       taskId: 'skew',
       branch: 'main',
       agentId: 'honest',
-      ttlSeconds: 30,
+      ttlMs: 30_000,
     });
     expect(holder.ok).toBe(true);
     vi.useFakeTimers({ toFake: ['Date'] });
@@ -99,7 +99,7 @@ describe('leases with fencing tokens', () => {
         taskId: 'skew',
         branch: 'main',
         agentId: 'fast-clock',
-        ttlSeconds: 30,
+        ttlMs: 30_000,
       });
       expect(thief).toMatchObject({ ok: false, holder: 'honest' });
 
@@ -108,13 +108,13 @@ describe('leases with fencing tokens', () => {
         taskId: 'skew',
         branch: 'slow',
         agentId: 'slow-clock',
-        ttlSeconds: 0.3,
+        ttlMs: 300,
       });
       if (!slow.ok) throw new Error('expected the lease');
       await waitForLeaseExpiry(tdb.db, 'skew', 'slow');
       // By its own clock the lease has ~10 minutes left; by the database's it expired.
       expect(slow.expiresAt.getTime()).toBeGreaterThan(Date.now());
-      expect(await leases.renew(slow, 30)).toEqual({ ok: false });
+      expect(await leases.renew(slow, 30_000)).toEqual({ ok: false });
       await expect(
         store.update({
           taskId: 'skew',
@@ -132,16 +132,16 @@ describe('leases with fencing tokens', () => {
   it('withLease renews in the background, and aborts the work when the lease is lost', async () => {
     const leases = createLeaseManager({ db: tdb.db });
     const kept = await leases.withLease(
-      { taskId: 'wl', branch: 'main', agentId: 'w', ttlSeconds: 0.3 },
+      { taskId: 'wl', branch: 'main', agentId: 'w', ttlMs: 300 },
       async (lease) => {
         // Well past three TTLs after the first expiry (database clock): only renewals keep it.
         await waitForDbClockPast(tdb.db, lease.expiresAt, 900);
-        return (await leases.renew(lease, 0.3)).ok;
+        return (await leases.renew(lease, 300)).ok;
       },
     );
     expect(kept).toBe(true);
     const lost = await leases.withLease(
-      { taskId: 'wl', branch: 'main', agentId: 'w', ttlSeconds: 0.3 },
+      { taskId: 'wl', branch: 'main', agentId: 'w', ttlMs: 300 },
       async (_lease, signal) => {
         // Someone breaks the lease behind our back (an operator, or a long GC pause past the TTL).
         await tdb.db
@@ -202,7 +202,7 @@ describe('tool receipts', () => {
     const outcomes = await Promise.all(
       Array.from({ length: 10 }, (_, w) =>
         leases
-          .withLease({ taskId: 'race', branch: 'deploy', agentId: `w${w}`, ttlSeconds: 5 }, (lease) =>
+          .withLease({ taskId: 'race', branch: 'deploy', agentId: `w${w}`, ttlMs: 5000 }, (lease) =>
             receipts.runOnce({
               taskId: 'race',
               step: 'deploy',
@@ -266,7 +266,7 @@ describe('tool receipts', () => {
       },
     });
     const dieAt = async (step: string) => {
-      const lease = await leases.acquire({ taskId: 'unc', branch: step, agentId: 'doomed', ttlSeconds: 0.2 });
+      const lease = await leases.acquire({ taskId: 'unc', branch: step, agentId: 'doomed', ttlMs: 200 });
       if (!lease.ok) throw new Error('lease');
       await expect(
         dying.runOnce({

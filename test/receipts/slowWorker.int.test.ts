@@ -68,7 +68,7 @@ async function slowWorkerFrozenMidEffect(step: string) {
   const leases = createLeaseManager({ db: tdb.db });
   // Long enough to reach the effect on a busy machine (a lease lost first fences the effect
   // off, and there is no race to test); the pause point then holds W1 past it.
-  const w1Lease = await leases.acquire({ taskId: TASK, branch: step, agentId: 'w1', ttlSeconds: 3 });
+  const w1Lease = await leases.acquire({ taskId: TASK, branch: step, agentId: 'w1', ttlMs: 3000 });
   if (!w1Lease.ok) throw new Error('w1 should get the lease');
   const frozen = pausePoint();
   const w1 = createReceiptStore({ db: tdb.db }).runOnce(
@@ -83,7 +83,7 @@ async function slowWorkerFrozenMidEffect(step: string) {
   );
   await frozen.reached('w1 to be frozen mid-effect');
   await waitForLeaseExpiry(tdb.db, TASK, step);
-  const w2Lease = await leases.acquire({ taskId: TASK, branch: step, agentId: 'w2', ttlSeconds: 60 });
+  const w2Lease = await leases.acquire({ taskId: TASK, branch: step, agentId: 'w2', ttlMs: 60_000 });
   if (!w2Lease.ok) throw new Error('w2 should get the expired lease');
   return { w1, unfreeze: frozen.release, w2Lease: w2Lease as Lease };
 }

@@ -15,7 +15,7 @@ const lease = await leases.acquire({
   taskId: process.env.TASK!,
   branch: 'main',
   agentId: 'worker-a',
-  ttlSeconds: 1,
+  ttlMs: 1000,
 });
 if (!lease.ok) throw new Error('lease held');
 const task = (await store.get(process.env.TASK!))!;

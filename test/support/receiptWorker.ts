@@ -51,7 +51,7 @@ for (let n = 0; n < ops; n++) {
   if (settled.has(`op-${i}`)) continue;
   try {
     const r = await leases.withLease(
-      { taskId: `op-${i}`, branch: 'deploy', agentId: worker, ttlSeconds: 1 },
+      { taskId: `op-${i}`, branch: 'deploy', agentId: worker, ttlMs: 1000 },
       (lease) =>
         receipts.runOnce({
           taskId: `op-${i}`,

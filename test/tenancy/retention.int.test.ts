@@ -77,7 +77,7 @@ async function finishedTask(taskId: string, tenant: string, o: { artifacts?: boo
     effect: async () => ({ done: taskId }),
   });
   const leases = createLeaseManager({ db: t.db });
-  const lease = await leases.acquire({ taskId, branch: 'main', agentId: 'w1', ttlSeconds: 30 });
+  const lease = await leases.acquire({ taskId, branch: 'main', agentId: 'w1', ttlMs: 30_000 });
   if (lease.ok) await leases.release(lease);
   await t.db.transaction().execute((trx) =>
     insertInboxRows(trx, 'g1', [

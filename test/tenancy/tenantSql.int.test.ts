@@ -108,7 +108,7 @@ describe("a tenant's own SQL on its own connection", () => {
       taskId: 'b-2',
       branch: 'main',
       agentId: 'b-worker',
-      ttlSeconds: 30,
+      ttlMs: 30_000,
     });
     expect(lease.ok).toBe(true);
     const r3 = await storeB.update({
@@ -359,7 +359,7 @@ describe("a tenant's own SQL on its own connection", () => {
       taskId: 'b-2',
       branch: 'side',
       agentId: 'b-worker',
-      ttlSeconds: 30,
+      ttlMs: 30_000,
     });
     expect(lease.ok).toBe(true);
   });
