@@ -32,7 +32,12 @@ export interface InboxMessage {
   json<T = unknown>(): T;
 }
 
-/** Runs inside the transaction that also records the message as applied: write your effects with `trx`. */
+/**
+ * Runs inside the transaction that also records the message as applied: write your effects
+ * with `trx`. A throw rolls them back; the message is tried again (`maxAttempts`, with
+ * backoff) unless the error's `retriable` is `false` (a `ValidationError`, say, or your own
+ * error with `retriable: false`), which sends it to the dead-letter topic at once.
+ */
 export type InboxHandler = (trx: Trx, message: InboxMessage) => Promise<void>;
 
 export interface InboxConsumerOptions {

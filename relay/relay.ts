@@ -3,7 +3,7 @@ import { sql } from 'kysely';
 import pg from 'pg';
 import { databaseAddress, pingDatabase } from '../src/db/database.js';
 import { isConfigurationSqlError, mapSqlError } from '../src/db/sqlstate.js';
-import { ConfigurationError } from '../src/errors.js';
+import { CairnError, CairnErrorCodes, ConfigurationError } from '../src/errors.js';
 import { isKafkaConfigurationError, isPoisonError } from '../src/kafka/classifyError.js';
 import { silentLogger } from '../src/logger.js';
 import { LANE_COUNT } from '../src/outbox/lanes.js';
@@ -26,9 +26,12 @@ import type { Relay, RelayOptions, RelayStats } from './types.js';
 
 export type { Relay, RelayOptions, RelayStats } from './types.js';
 
-class PublishFailed extends Error {
+class PublishFailed extends CairnError {
   constructor(cause: unknown) {
-    super(`publish failed: ${(cause as Error)?.message ?? String(cause)}`, { cause });
+    super(CairnErrorCodes.PublishFailed, `publish failed: ${(cause as Error)?.message ?? String(cause)}`, {
+      retriable: true,
+      cause,
+    });
   }
 }
 

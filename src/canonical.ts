@@ -1,10 +1,15 @@
 import { createHash } from 'node:crypto';
 import canonicalize from 'canonicalize';
+import { ValidationError } from './errors.js';
 
 /** RFC 8785 canonical JSON as bytes: the same value always gives the same bytes, so digests are reproducible. */
 export function canonicalBytes(value: unknown): Buffer {
   const text = canonicalize(value);
-  if (text === undefined) throw new Error('value cannot be serialized as JSON');
+  if (text === undefined) {
+    throw new ValidationError('value', [
+      { path: '', message: 'cannot be serialized as JSON (undefined, a function or a symbol)' },
+    ]);
+  }
   return Buffer.from(text, 'utf8');
 }
 

@@ -1,13 +1,92 @@
 /**
+ * Every `code` a {@link CairnError} can carry, one constant each: switch on
+ * `err.code === CairnErrorCodes.StaleVersion` rather than on a string typed by hand. Codes
+ * are stable: one is never renamed or given another meaning within a major version.
+ */
+export const CairnErrorCodes = {
+  /** Input that does not match a schema or a rule ({@link ValidationError}). */
+  ValidationFailed: 'validation_failed',
+  /** A write named a version that is no longer current ({@link StaleWriteError}). */
+  StaleVersion: 'stale_version',
+  /** A transition the state machine does not declare ({@link InvalidTransitionError}). */
+  InvalidTransition: 'invalid_transition',
+  /** The task, receipt, dead letter or other row named does not exist ({@link NotFoundError}). */
+  NotFound: 'not_found',
+  /** A row that must be new already exists (a task created twice). */
+  AlreadyExists: 'already_exists',
+  /** A dead letter replayed after its message was applied: nothing was sent. */
+  AlreadyApplied: 'already_applied',
+  /** Postgres or Kafka is down or dropped the connection; retriable ({@link UnavailableError}). */
+  Unavailable: 'unavailable',
+  /** A setting that can never work as given ({@link ConfigurationError}). */
+  Configuration: 'configuration',
+  /** A topic a consumer reads does not exist ({@link TopicMissingError}). */
+  TopicMissing: 'topic_missing',
+  /** A publisher used before `connect()` (or after `disconnect()`). */
+  NotConnected: 'not_connected',
+  /** The broker refused or lost a batch; the relay retries it (retriable). */
+  PublishFailed: 'publish_failed',
+  /** An outbox row that can never be published as it is (its key is parked). */
+  UnpublishableRow: 'unpublishable_row',
+  /** The lease a write relies on is no longer current ({@link LeaseLostError}). */
+  LeaseLost: 'lease_lost',
+  /** Another holder has the lease; retriable after its expiry ({@link LeaseHeldError}). */
+  LeaseHeld: 'lease_held',
+  /** A database guard refused a write that would break an invariant (version, budget, audit). */
+  InvariantViolated: 'invariant_violated',
+  /** Rows under a legal hold cannot be deleted. */
+  LegalHold: 'legal_hold',
+  /** The task is quarantined after a failover: its state and effects are frozen. */
+  Quarantined: 'quarantined',
+  /** Row-level security refused a row of another tenant, or no tenant was set. */
+  TenantIsolation: 'tenant_isolation',
+  /** A tenant that was never registered (`cairn tenant add`). */
+  UnknownTenant: 'unknown_tenant',
+  /** An annotation id that already holds another author or text. */
+  AnnotationConflict: 'annotation_conflict',
+  /** A data key, key-encryption key or signing key that is not there (shredded, or not configured). */
+  KeyMissing: 'key_missing',
+  /** A data key of another tenant was offered: nothing was decrypted. */
+  WrongTenantKey: 'wrong_tenant_key',
+  /** Ciphertext that does not decrypt (wrong key, altered bytes, not Cairn's format). */
+  DecryptionFailed: 'decryption_failed',
+  /** Confidential data where no tenant keys were configured to encrypt it. */
+  EncryptionRequired: 'encryption_required',
+  /** A keyring file that cannot be read. */
+  KeyringUnreadable: 'keyring_unreadable',
+  /** A keyring file that group or others may read. */
+  KeyringMode: 'keyring_mode',
+  /** A keyring file that already exists where a new one was to be made. */
+  KeyringExists: 'keyring_exists',
+  /** Another process is writing the keyring file. */
+  KeyringBusy: 'keyring_busy',
+  /** Writing a keyring file failed. */
+  KeyringWriteFailed: 'keyring_write_failed',
+  /** A migration failed; the database is left at the last migration that succeeded. */
+  MigrationFailed: 'migration_failed',
+  /** A checkpoint taken under another workflow definition than the resuming agent's. */
+  WorkflowMismatch: 'workflow_mismatch',
+  /** The current policy does not allow what was asked (resuming a task). */
+  NotAuthorized: 'not_authorized',
+  /** The `cairn` command line was given an unknown command or bad arguments (exit 2). */
+  Usage: 'usage',
+} as const;
+
+/** One of {@link CairnErrorCodes}: the stable `code` of a {@link CairnError}. */
+export type CairnErrorCode = (typeof CairnErrorCodes)[keyof typeof CairnErrorCodes];
+
+/**
  * One error base for everything Cairn throws. `code` is stable (callers switch on it),
  * `retriable` says whether the same call may succeed later (the idea kafkajs uses), and the
  * ES2022 `cause` keeps the underlying error.
  */
 export class CairnError extends Error {
-  readonly code: string;
+  /** What went wrong, stable across releases: one of {@link CairnErrorCodes}. */
+  readonly code: CairnErrorCode;
+  /** Whether the same call may succeed if made again later (an outage, a held lease). */
   readonly retriable: boolean;
 
-  constructor(code: string, message: string, opts: { retriable?: boolean; cause?: unknown } = {}) {
+  constructor(code: CairnErrorCode, message: string, opts: { retriable?: boolean; cause?: unknown } = {}) {
     super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
     this.name = new.target.name;
     this.code = code;
@@ -55,6 +134,7 @@ export class InvalidTransitionError extends CairnError {
   }
 }
 
+/** The task, receipt, dead letter or other row named does not exist. */
 export class NotFoundError extends CairnError {
   constructor(what: string, id: string) {
     super('not_found', `${what} ${id} does not exist`);

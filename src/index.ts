@@ -33,6 +33,8 @@ export type { Database } from './db/types.js';
 // Errors: one base class with a stable `code` and a `retriable` flag.
 export {
   CairnError,
+  type CairnErrorCode,
+  CairnErrorCodes,
   ConfigurationError,
   InvalidTransitionError,
   LeaseHeldError,

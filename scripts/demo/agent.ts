@@ -10,7 +10,7 @@ import { sql } from 'kysely';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { createDb } from '../../src/db/database.js';
-import { CairnError, LeaseLostError } from '../../src/errors.js';
+import { LeaseLostError } from '../../src/errors.js';
 import { createKafkaPublisher } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
@@ -43,8 +43,14 @@ const store = createTaskStore({ db, checkpointer, logger });
 const leases = createLeaseManager({ db });
 const receipts = createReceiptStore({ db, checkpointer, worker: `${role}:${process.pid}` });
 
-/** A stale read or a held lease: try again shortly (the inbox retries, then redelivers). */
-const retryLater = (message: string) => new CairnError('retry_later', message, { retriable: true });
+/**
+ * A stale read or a held lease: try again shortly (the inbox retries, then redelivers). The
+ * demo's own error: the inbox consumer retries any error whose `retriable` is not false.
+ */
+class RetryLater extends Error {
+  readonly retriable = true;
+}
+const retryLater = (message: string) => new RetryLater(message);
 
 async function deploy(taskId: string): Promise<void> {
   const lease = await leases.acquire({

@@ -1,5 +1,6 @@
 import { createHmac, timingSafeEqual } from 'node:crypto';
 import { canonicalBytes } from '../canonical.js';
+import { CairnError, CairnErrorCodes } from '../errors.js';
 import type { Checkpoint } from './schema.js';
 
 /** Signing keys by id; `current` signs, every key in `keys` verifies (so keys can rotate). */
@@ -16,7 +17,12 @@ export function signedBytes(cp: Checkpoint): Buffer {
 
 export function sign(cp: Checkpoint, ring: KeyRing): NonNullable<Checkpoint['integrity']['signature']> {
   const key = ring.keys[ring.current];
-  if (!key) throw new Error(`signing key ${ring.current} is not in the key ring`);
+  if (!key) {
+    throw new CairnError(
+      CairnErrorCodes.KeyMissing,
+      `signing key ${ring.current} is not in the key ring (it has ${Object.keys(ring.keys).join(', ') || 'none'}): set \`current\` to one of its keys`,
+    );
+  }
   return {
     alg: 'HMAC-SHA256',
     key_id: ring.current,

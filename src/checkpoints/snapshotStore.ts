@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { Db } from '../db/database.js';
 import type { Executor, Trx } from '../db/executor.js';
+import { ValidationError } from '../errors.js';
 
 export interface StoredSnapshot {
   bytes: Buffer;
@@ -33,7 +34,14 @@ export function createPgSnapshotStore(db?: Db): SnapshotStore {
     async get(uri, ex) {
       if (!uri.startsWith(PREFIX)) return undefined;
       const on = ex ?? db;
-      if (!on) throw new Error('createPgSnapshotStore needs a db to read');
+      if (!on) {
+        throw new ValidationError('snapshot store', [
+          {
+            path: 'db',
+            message: 'is required to read a snapshot: createPgSnapshotStore(db), or pass an executor',
+          },
+        ]);
+      }
       const row = await on
         .selectFrom('checkpoint_snapshot')
         .select(['bytes', 'key_id', 'tenant_id'])

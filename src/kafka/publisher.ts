@@ -1,4 +1,5 @@
 import { CompressionTypes, Kafka, type KafkaConfig, logLevel, Partitioners, type Producer } from 'kafkajs';
+import { CairnError, CairnErrorCodes } from '../errors.js';
 
 export interface PublishMessage {
   topic: string;
@@ -56,7 +57,12 @@ export function createKafkaPublisher(opts: {
       await producer.connect();
     },
     async publish(messages) {
-      if (!producer) throw new Error('publisher is not connected');
+      if (!producer) {
+        throw new CairnError(
+          CairnErrorCodes.NotConnected,
+          `publisher to ${opts.brokers.join(',')} is not connected: call connect() before publish()`,
+        );
+      }
       const byTopic = new Map<string, PublishMessage[]>();
       for (const m of messages) {
         const list = byTopic.get(m.topic) ?? [];

@@ -6,6 +6,9 @@
  * (tenant_id is the writer's tenant, task_id a task of that tenant). Consumers trust these
  * headers and nothing else a producer wrote.
  */
+
+import { CairnError, CairnErrorCodes } from '../errors.js';
+
 export const HEADER = {
   /** The message id (outbox.message_id): what inboxes deduplicate on, per tenant. */
   messageId: 'cairn-message-id',
@@ -86,8 +89,8 @@ export function wireHeaders(stored: unknown, row: WireColumns): Record<string, s
 }
 
 /** An outbox row that can never be published as it is (its key is parked, others flow). */
-export class BadRowError extends Error {
+export class BadRowError extends CairnError {
   constructor(messageId: string, what: string) {
-    super(`outbox message ${messageId} cannot be published: ${what}`);
+    super(CairnErrorCodes.UnpublishableRow, `outbox message ${messageId} cannot be published: ${what}`);
   }
 }

@@ -4,7 +4,7 @@ import { sql } from 'kysely';
 import { canonicalBytes, digestOf, sha256 } from '../canonical.js';
 import { mapSqlError } from '../db/sqlstate.js';
 import type { ReceiptStatus } from '../db/types.js';
-import { LeaseLostError, NotFoundError, ValidationError } from '../errors.js';
+import { CairnError, CairnErrorCodes, LeaseLostError, NotFoundError, ValidationError } from '../errors.js';
 import type { Lease } from '../leases/leases.js';
 import { holdsFence } from '../leases/sql/fenceCheck.js';
 import { silentLogger } from '../logger.js';
@@ -353,7 +353,7 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
               tool: r.tool,
               args: null,
               effect: async () => {
-                throw new Error('reconcile never runs an effect');
+                throw new CairnError(CairnErrorCodes.InvariantViolated, 'reconcile never runs an effect');
               },
               onUncertain: compensate ? 'compensate' : 'gate',
               ...(compensate ? { compensate } : {}),

@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import type { Kafka } from 'kafkajs';
 import pRetry from 'p-retry';
 import type { Db } from '../db/database.js';
+import { UnavailableError } from '../errors.js';
 import { HEADER } from '../outbox/wire.js';
 
 /** A transition the broker saw (a message it caused) that the database no longer has. */
@@ -119,7 +120,7 @@ export async function readTopicsToEnd(
     await finished;
     clearTimeout(timer);
     if (remaining.size > 0) {
-      throw new Error(
+      throw new UnavailableError(
         `failover check: could not read ${[...remaining.keys()].join(', ')} to its end within ${deadlineMs} ms`,
       );
     }

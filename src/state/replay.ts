@@ -1,5 +1,6 @@
 import type { Operation } from 'fast-json-patch';
 import fjp from 'fast-json-patch';
+import { CairnError, CairnErrorCodes } from '../errors.js';
 
 /** An audit row as replay needs it: the RFC 6902 patch from the previous version. */
 export interface AuditEntry {
@@ -17,7 +18,10 @@ export function replayAudit(entries: readonly AuditEntry[]): Record<string, unkn
   let expected = 1;
   for (const e of entries) {
     if (e.version !== expected) {
-      throw new Error(`audit history has a gap: expected version ${expected}, found ${e.version}`);
+      throw new CairnError(
+        CairnErrorCodes.InvariantViolated,
+        `audit history has a gap: expected version ${expected}, found ${e.version}; the log cannot prove the state`,
+      );
     }
     doc = fjp.applyPatch(doc, e.patch as Operation[], true, false).newDocument;
     expected++;

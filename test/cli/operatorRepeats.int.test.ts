@@ -46,7 +46,6 @@ import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys, type Sealed } from '../../src/crypto/tenantKeys.js';
 import type { Db } from '../../src/db/database.js';
 import { registerTenant } from '../../src/db/tenant.js';
-import { CairnError } from '../../src/errors.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
@@ -225,7 +224,8 @@ async function startInboxConsumer() {
     dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
     handler: async (trx, m) => {
       const fixed = await sql`SELECT 1 FROM repeat_fixed WHERE message_id = ${m.messageId}`.execute(trx);
-      if (fixed.rows.length === 0) throw new CairnError('bad_input', `${m.messageId} is malformed`);
+      if (fixed.rows.length === 0)
+        throw Object.assign(new Error(`${m.messageId} is malformed`), { retriable: false });
       await sql`INSERT INTO repeat_effect (message_id) VALUES (${m.messageId})`.execute(trx);
     },
     maxAttempts: 1,

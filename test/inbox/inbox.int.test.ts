@@ -6,7 +6,6 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
 import { createInboxConsumer, type InboxConsumer, type InboxHandler } from '../../consumers/inboxConsumer.js';
 import { inboxMetrics } from '../../consumers/metrics.js';
-import { CairnError } from '../../src/errors.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import {
@@ -151,7 +150,9 @@ describe('inbox consumer on a real broker and real Postgres', () => {
       const body = m.json<{ poison?: boolean }>();
       const fixed = await sql<{ ok: boolean }>`SELECT ok FROM fixed`.execute(trx);
       if (body.poison && !fixed.rows[0]?.ok)
-        throw new CairnError('bad_input', 'payload refused by the handler: seq 2 is malformed');
+        throw Object.assign(new Error('payload refused by the handler: seq 2 is malformed'), {
+          retriable: false,
+        });
       await recordEffect(trx, m);
     };
     const c = start(topic, groupId, handler);

@@ -4,7 +4,6 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { replayDeadLetter } from '../../consumers/deadLetters.js';
 import { createInboxConsumer, type InboxConsumer, type InboxHandler } from '../../consumers/inboxConsumer.js';
 import { recordDeadLetter } from '../../consumers/sql/recordDeadLetter.js';
-import { CairnError } from '../../src/errors.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import {
@@ -90,7 +89,8 @@ describe('issue 14.1: replaying a dead letter', () => {
     const handler: InboxHandler = async (trx, m) => {
       const body = m.json<{ key: string; seq: number; poison?: boolean }>();
       const fixed = await sql<{ ok: boolean }>`SELECT ok FROM fixed`.execute(trx);
-      if (body.poison && !fixed.rows[0]?.ok) throw new CairnError('bad_input', 'seq 1 is malformed');
+      if (body.poison && !fixed.rows[0]?.ok)
+        throw Object.assign(new Error('seq 1 is malformed'), { retriable: false });
       await sql`INSERT INTO effects (message_id, key, seq, consumer) VALUES (${m.messageId}, ${body.key}, ${body.seq}, 'replay')`.execute(
         trx,
       );
