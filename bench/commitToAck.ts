@@ -1,5 +1,5 @@
 import { sql } from 'kysely';
-import { createRelay, type RelayOptions } from '../relay/relay.js';
+import { createRelayWithTestHooks, type RelayOptions } from '../relay/relay.js';
 import type { Db } from '../src/db/database.js';
 import { createKafkaPublisher } from '../src/kafka/publisher.js';
 import { OUTBOX_CHANNEL } from '../src/outbox/outbox.js';
@@ -15,16 +15,18 @@ export async function commitToAck(opts: {
   topic: string;
   rate: number;
   seconds: number;
-  relay: Partial<Omit<RelayOptions, 'db' | 'publisher' | 'hooks'>>;
+  relay: Partial<Omit<RelayOptions, 'db' | 'publisher'>>;
   notify?: boolean;
 }): Promise<{ rate: number; achieved: number; p50: number; p99: number; samples: number }> {
   const committed = new Map<string, number>();
   const latencies: number[] = [];
-  const relay = createRelay({
-    ...opts.relay,
-    db: opts.db,
-    publisher: createKafkaPublisher({ brokers: opts.brokers }),
-    hooks: {
+  const relay = createRelayWithTestHooks(
+    {
+      ...opts.relay,
+      db: opts.db,
+      publisher: createKafkaPublisher({ brokers: opts.brokers }),
+    },
+    {
       afterPublish: (_b, ids) => {
         const now = performance.now();
         for (const id of ids) {
@@ -33,7 +35,7 @@ export async function commitToAck(opts: {
         }
       },
     },
-  });
+  );
   const running = relay.run();
   await new Promise((r) => setTimeout(r, 800)); // lanes acquired
   const tickMs = 10;

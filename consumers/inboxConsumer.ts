@@ -60,12 +60,32 @@ export interface InboxConsumerOptions {
   /** Inbox rows older than this are pruned; must exceed the topics' retention. Default 7 days. */
   retentionMs?: number;
   pruneEveryMs?: number;
-  /** Test hooks at named points; a crash test SIGKILLs the process from here. */
-  hooks?: {
-    afterDbCommit?(commits: number): void;
-    /** After each committed transaction: what it applied and what it dropped as duplicate or stale. */
-    onCommitted?(counts: { applied: number; duplicates: number; stale: number }): void;
-  };
+  /**
+   * Called after each transaction the consumer commits, with what it applied and what it
+   * dropped as a duplicate or a stale version (to count or record them; `stats()` has the
+   * totals). It runs after the commit, so it cannot undo anything; an error it throws is
+   * logged and ignored.
+   */
+  onCommitted?(counts: InboxCommitCounts): void;
+}
+
+/** What one committed transaction of an inbox consumer applied and dropped. */
+export interface InboxCommitCounts {
+  /** Messages whose handler ran and committed. */
+  applied: number;
+  /** Messages already in the inbox (a redelivery, or a second copy): dropped. */
+  duplicates: number;
+  /** Messages refused by `refuseStaleVersions` (not newer than the key's newest applied): dropped. */
+  stale: number;
+}
+
+/**
+ * A named point where a crash test kills the consumer. Internal: no entry point exports it;
+ * tests reach it through `createInboxConsumerWithTestHooks`.
+ */
+export interface InboxTestHooks {
+  /** After each database commit, before the offset commit; `commits` counts them from 1. */
+  afterDbCommit?(commits: number): void;
 }
 
 export interface InboxStats {
@@ -114,6 +134,14 @@ export function toInboxMessage(m: ReceivedMessage): InboxMessage {
 }
 
 export function createInboxConsumer(options: InboxConsumerOptions): InboxConsumer {
+  return createInboxConsumerWithTestHooks(options, {});
+}
+
+/** Internal: `createInboxConsumer` with a hook at a named point, for crash tests. */
+export function createInboxConsumerWithTestHooks(
+  options: InboxConsumerOptions,
+  hooks: InboxTestHooks,
+): InboxConsumer {
   const { db, groupId, handler } = options;
   const log = (options.logger ?? silentLogger).child({ component: 'inbox', group: groupId });
   const chunkSize = options.chunkSize ?? 500;
@@ -168,11 +196,15 @@ export function createInboxConsumer(options: InboxConsumerOptions): InboxConsume
     return counts;
   }
 
-  function addCounts(c: { applied: number; duplicates: number; stale: number }): void {
-    options.hooks?.onCommitted?.(c);
+  function addCounts(c: InboxCommitCounts): void {
     stats.applied += c.applied;
     stats.duplicates += c.duplicates;
     stats.stale += c.stale;
+    try {
+      options.onCommitted?.(c);
+    } catch (err) {
+      log.warn({ err: (err as Error).message }, 'onCommitted threw; ignored');
+    }
   }
 
   async function deadLetter(m: InboxMessage, error: unknown, attempts: number): Promise<void> {
@@ -258,7 +290,7 @@ export function createInboxConsumer(options: InboxConsumerOptions): InboxConsume
         for (const m of chunk) await applyAlone(m);
       }
       stats.commits++;
-      options.hooks?.afterDbCommit?.(stats.commits);
+      hooks.afterDbCommit?.(stats.commits);
       // A partition we no longer own must not get a commit from us; its new owner re-reads
       // from the last committed offset and the inbox turns those messages into duplicates.
       if (!batch.isActive()) return;

@@ -13,6 +13,7 @@ export {
 export { type DeadLetter, listDeadLetters, replayDeadLetter } from './deadLetters.js';
 export {
   createInboxConsumer,
+  type InboxCommitCounts,
   type InboxConsumer,
   type InboxConsumerOptions,
   type InboxHandler,

@@ -18,7 +18,7 @@ import { createKafkaPublisher } from '../src/kafka/publisher.js';
 import { createLogger } from '../src/logger.js';
 import { metricsAddressFromEnv, startMetricsServer } from '../src/metrics/metricsServer.js';
 import { relayMetrics } from './metrics.js';
-import { createRelay } from './relay.js';
+import { createRelayWithTestHooks } from './relay.js';
 
 function killAfter(batch: number) {
   return (n: number) => {
@@ -31,20 +31,23 @@ export async function runRelayProcess(): Promise<number> {
   const metricsAddress = metricsAddressFromEnv();
   const db = createDb({ connectionString: databaseUrlFromEnv(), max: 4, applicationName: 'cairn-relay' });
   const num = (name: string) => (process.env[name] ? Number(process.env[name]) : undefined);
-  const relay = createRelay({
-    db,
-    publisher: createKafkaPublisher({ brokers: kafkaBrokersFromEnv() }),
-    logger,
-    ...(process.env.CAIRN_RELAY_INSTANCE ? { instanceId: process.env.CAIRN_RELAY_INSTANCE } : {}),
-    ...(num('CAIRN_RELAY_BATCH') ? { batchSize: num('CAIRN_RELAY_BATCH')! } : {}),
-    ...(num('CAIRN_RELAY_LEASE_TTL_MS') ? { leaseTtlMs: num('CAIRN_RELAY_LEASE_TTL_MS')! } : {}),
-    ...(num('CAIRN_RELAY_MAX_IDLE_MS') ? { maxIdleMs: num('CAIRN_RELAY_MAX_IDLE_MS')! } : {}),
-    ...(process.env.CAIRN_RELAY_REPLICATION_BARRIER === 'off' ? { replicationBarrier: 'off' as const } : {}),
-    // Crash tests: die by SIGKILL after the broker acked batch N and before its rows are deleted.
-    ...(num('CAIRN_FAULT_KILL_AFTER_PUBLISH')
-      ? { hooks: { afterPublish: killAfter(num('CAIRN_FAULT_KILL_AFTER_PUBLISH')!) } }
-      : {}),
-  });
+  // Crash tests: die by SIGKILL after the broker acked batch N and before its rows are deleted.
+  const killAfterPublish = num('CAIRN_FAULT_KILL_AFTER_PUBLISH');
+  const relay = createRelayWithTestHooks(
+    {
+      db,
+      publisher: createKafkaPublisher({ brokers: kafkaBrokersFromEnv() }),
+      logger,
+      ...(process.env.CAIRN_RELAY_INSTANCE ? { instanceId: process.env.CAIRN_RELAY_INSTANCE } : {}),
+      ...(num('CAIRN_RELAY_BATCH') ? { batchSize: num('CAIRN_RELAY_BATCH')! } : {}),
+      ...(num('CAIRN_RELAY_LEASE_TTL_MS') ? { leaseTtlMs: num('CAIRN_RELAY_LEASE_TTL_MS')! } : {}),
+      ...(num('CAIRN_RELAY_MAX_IDLE_MS') ? { maxIdleMs: num('CAIRN_RELAY_MAX_IDLE_MS')! } : {}),
+      ...(process.env.CAIRN_RELAY_REPLICATION_BARRIER === 'off'
+        ? { replicationBarrier: 'off' as const }
+        : {}),
+    },
+    killAfterPublish ? { afterPublish: killAfter(killAfterPublish) } : {},
+  );
   const stop = () => {
     logger.info('stopping: finishing the batch in flight');
     void relay.stop();

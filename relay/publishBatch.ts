@@ -6,7 +6,7 @@ import type { Logger } from '../src/logger.js';
 import { BadRowError, wireHeaders } from '../src/outbox/wire.js';
 import type { ClaimedRow } from './sql/claimBatch.js';
 import { parkKey } from './sql/parkKey.js';
-import type { RelayOptions, RelayStats } from './types.js';
+import type { RelayStats, RelayTestHooks } from './types.js';
 
 /**
  * From claimed rows to acknowledged messages: Cairn's headers from the row's columns, retries
@@ -19,7 +19,7 @@ export interface PublishContext {
   log: Logger;
   stats: RelayStats;
   publishRetries: number | undefined;
-  hooks: RelayOptions['hooks'];
+  hooks: RelayTestHooks;
 }
 
 /** A row and the message it becomes (Cairn's headers from its columns, src/outbox/wire.ts). */
@@ -116,7 +116,7 @@ export async function isolatePoison(
     const k = keyOf(b.row);
     if (parkedKeys.has(k)) continue;
     try {
-      await c.hooks?.beforeIsolatedPublish?.(b.row.message_id);
+      await c.hooks.beforeIsolatedPublish?.(b.row.message_id);
       await publishWithRetry(c, [b]);
       sent.push(b.row.id);
     } catch (err) {

@@ -22,7 +22,7 @@ import {
   seedLanes,
   synchronousReplication,
 } from './sql/laneLeases.js';
-import type { Relay, RelayOptions, RelayStats } from './types.js';
+import type { Relay, RelayOptions, RelayStats, RelayTestHooks } from './types.js';
 
 export type { Relay, RelayOptions, RelayStats } from './types.js';
 
@@ -36,6 +36,11 @@ class PublishFailed extends CairnError {
 }
 
 export function createRelay(options: RelayOptions): Relay {
+  return createRelayWithTestHooks(options, {});
+}
+
+/** Internal: `createRelay` with hooks at named points, for crash and interleaving tests. */
+export function createRelayWithTestHooks(options: RelayOptions, hooks: RelayTestHooks): Relay {
   const instanceId = options.instanceId ?? `relay-${randomUUID()}`;
   const log = (options.logger ?? silentLogger).child({ component: 'relay', instance: instanceId });
   const db = options.db;
@@ -95,7 +100,7 @@ export function createRelay(options: RelayOptions): Relay {
     log,
     stats,
     publishRetries: options.publishRetries,
-    hooks: options.hooks,
+    hooks,
   };
 
   // Pipelining: while batch N is published, batch N+1 is claimed (excluding N's rows), and
@@ -184,7 +189,7 @@ export function createRelay(options: RelayOptions): Relay {
       if (!isPoisonError(err)) throw new PublishFailed(err);
       ({ sent: sentIds, failure } = await isolatePoison(publishing, ready));
     }
-    await options.hooks?.afterPublish?.(
+    await hooks.afterPublish?.(
       stats.batches + 1,
       rows.map((r) => r.message_id),
     );

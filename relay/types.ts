@@ -24,13 +24,6 @@ export interface RelayOptions {
    * Polling goes on underneath (maxIdleMs), so a lost notification only costs latency.
    */
   wakeOnNotify?: string;
-  /** Test hooks at named points; a crash test SIGKILLs the process from here. */
-  hooks?: {
-    /** After the broker acked a batch, before its rows are deleted (may pause the relay here). */
-    afterPublish?(batchNumber: number, messageIds: readonly string[]): void | Promise<void>;
-    /** Before each single-message publish while a refused batch is searched for its culprit. */
-    beforeIsolatedPublish?(messageId: string): void | Promise<void>;
-  };
   /**
    * 'auto' (default): when commits wait for a synchronous standby, each batch is published
    * only after a write of the relay's own has committed (and so has replicated everything it
@@ -39,6 +32,17 @@ export interface RelayOptions {
   replicationBarrier?: 'auto' | 'off';
   /** Attempts for a retriable publish error (broker down, no leader) before the batch is retried from scratch. */
   publishRetries?: number;
+}
+
+/**
+ * Named points where a crash or interleaving test kills or pauses the relay. Internal: no
+ * entry point exports it; tests reach it through `createRelayWithTestHooks`.
+ */
+export interface RelayTestHooks {
+  /** After the broker acked a batch, before its rows are deleted (may pause the relay here). */
+  afterPublish?(batchNumber: number, messageIds: readonly string[]): void | Promise<void>;
+  /** Before each single-message publish while a refused batch is searched for its culprit. */
+  beforeIsolatedPublish?(messageId: string): void | Promise<void>;
 }
 
 export interface RelayStats {

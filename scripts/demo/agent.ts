@@ -111,14 +111,12 @@ const consumer = createInboxConsumer({
   retryBaseMs: 100,
   retryMaxMs: 2000,
   refuseStaleVersions: false,
-  hooks: {
-    onCommitted: (c) => {
-      if (c.duplicates > 0) {
-        void sql`INSERT INTO demo_event (kind, n) VALUES ('duplicate_dropped', ${c.duplicates})`
-          .execute(db)
-          .catch(() => {});
-      }
-    },
+  onCommitted: (c) => {
+    if (c.duplicates > 0) {
+      void sql`INSERT INTO demo_event (kind, n) VALUES ('duplicate_dropped', ${c.duplicates})`
+        .execute(db)
+        .catch(() => {});
+    }
   },
   handler: async (trx, m) => {
     const taskId = m.key!;

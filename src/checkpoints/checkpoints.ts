@@ -85,11 +85,26 @@ export interface CheckpointerOptions {
    * was configured. Without a key ring nothing is signed and this changes nothing.
    */
   allowLegacyCheckpoints?: boolean;
-  /** Crash tests: a named point after the checkpoint rows are written, before the transaction commits. */
-  hooks?: { afterInsert?(): void };
+}
+
+/**
+ * A named point where a crash test kills the process. Internal: no entry point exports it;
+ * tests reach it through `createCheckpointerWithTestHooks`.
+ */
+export interface CheckpointerTestHooks {
+  /** After the checkpoint rows are written, before the transaction commits. */
+  afterInsert?(): void;
 }
 
 export function createCheckpointer(options: CheckpointerOptions): Checkpointer {
+  return createCheckpointerWithTestHooks(options, {});
+}
+
+/** Internal: `createCheckpointer` with a hook at a named point, for crash tests. */
+export function createCheckpointerWithTestHooks(
+  options: CheckpointerOptions,
+  hooks: CheckpointerTestHooks,
+): Checkpointer {
   const { db } = options;
   const snapshots = options.snapshots ?? createPgSnapshotStore(db);
   const classification = options.classification
@@ -222,7 +237,7 @@ export function createCheckpointer(options: CheckpointerOptions): Checkpointer {
           data_class: dataClass,
         })
         .execute();
-      options.hooks?.afterInsert?.();
+      hooks.afterInsert?.();
       return cp;
     },
 

@@ -2,7 +2,7 @@ import { sql } from 'kysely';
 import { digestOf } from '../canonical.js';
 import type { Db } from '../db/database.js';
 import type { Logger } from '../logger.js';
-import type { ReceiptRow, ReceiptStoreOptions, Ref, RunOnceInput, RunOnceResult } from './types.js';
+import type { ReceiptRow, ReceiptTestHooks, Ref, RunOnceInput, RunOnceResult } from './types.js';
 
 /**
  * The two protocols where a receipt can be moved by two workers at once: a slow worker's
@@ -12,7 +12,7 @@ import type { ReceiptRow, ReceiptStoreOptions, Ref, RunOnceInput, RunOnceResult 
 export interface ReceiptContext {
   db: Db;
   log: Logger;
-  hooks: ReceiptStoreOptions['hooks'];
+  hooks: ReceiptTestHooks;
   load(key: string, taskId?: string): Promise<ReceiptRow | undefined>;
   runOnce<T>(input: RunOnceInput<T>): Promise<RunOnceResult<T>>;
 }
@@ -112,7 +112,7 @@ export async function compensateFrom<T>(
       .returning('receipt_id')
       .executeTakeFirst();
     if (!claimed) return ctx.runOnce(input); // someone else moved it: look again
-    await ctx.hooks?.afterCompensationClaim?.();
+    await ctx.hooks.afterCompensationClaim?.();
     // The worker of the effect may have reported success meanwhile (the receipt is then
     // gated with that conflict): do not undo what a human now has to look at.
     const still = await ctx.load(row.idempotency_key, input.taskId);

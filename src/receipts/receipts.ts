@@ -17,6 +17,7 @@ import type {
   ReceiptRow,
   ReceiptStore,
   ReceiptStoreOptions,
+  ReceiptTestHooks,
   ReconcileAction,
   Ref,
   RunOnceInput,
@@ -63,6 +64,14 @@ const COLUMNS = [
 ] as const;
 
 export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
+  return createReceiptStoreWithTestHooks(options, {});
+}
+
+/** Internal: `createReceiptStore` with hooks at named points, for crash and interleaving tests. */
+export function createReceiptStoreWithTestHooks(
+  options: ReceiptStoreOptions,
+  hooks: ReceiptTestHooks,
+): ReceiptStore {
   const { db } = options;
   const log = (options.logger ?? silentLogger).child({ component: 'receipts' });
   const abandonAfterMs = options.abandonAfterMs ?? 300_000;
@@ -137,7 +146,7 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
 
   /** Runs the effect for an intent this worker holds, and records how it ended. */
   async function execute<T>(input: RunOnceInput<T>, ref: Ref, attempt: number): Promise<RunOnceResult<T>> {
-    await options.hooks?.afterIntent?.();
+    await hooks.afterIntent?.();
     // A worker slow between its intent and its effect (paused past its lease) must not start
     // the effect once another holds the task: it looks at its fence again, and if it is gone
     // the effect did not run, which the receipt can say for certain (unless the new holder
@@ -174,7 +183,7 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
       log.warn({ task_id: input.taskId, receipt_id: ref.receiptId, err: message }, 'effect failed');
       return { ...ref, status: 'failed', error: message };
     }
-    await options.hooks?.afterEffect?.();
+    await hooks.afterEffect?.();
     // Recording a success is never fenced: the effect happened, and saying so is always
     // right, unless someone already acted on the belief that it might not have (below).
     const recorded = await db
@@ -254,7 +263,7 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
   const ctx: ReceiptContext = {
     db,
     log,
-    hooks: options.hooks,
+    hooks,
     load,
     runOnce: (input) => store.runOnce(input),
   };

@@ -110,11 +110,17 @@ export interface ReceiptStoreOptions {
   checkpointer?: Checkpointer;
   /** Tenant data keys: results are then stored encrypted (AES-256-GCM), the key id beside them. */
   keys?: TenantKeys;
-  /** Crash and interleaving tests: named points where a worker can be killed or paused. */
-  hooks?: {
-    afterIntent?(): void | Promise<void>;
-    afterEffect?(): void | Promise<void>;
-    /** After a receipt was claimed for compensation, before the compensation runs. */
-    afterCompensationClaim?(): void | Promise<void>;
-  };
+}
+
+/**
+ * Named points where a crash or interleaving test kills or pauses a worker. Internal: no
+ * entry point exports it; tests reach it through `createReceiptStoreWithTestHooks`.
+ */
+export interface ReceiptTestHooks {
+  /** After the intent row committed, before the effect runs. */
+  afterIntent?(): void | Promise<void>;
+  /** After the effect returned, before its success is recorded. */
+  afterEffect?(): void | Promise<void>;
+  /** After a receipt was claimed for compensation, before the compensation runs. */
+  afterCompensationClaim?(): void | Promise<void>;
 }

@@ -95,8 +95,15 @@ export interface RetentionOptions {
   tenantId?: string;
   batchSize?: number;
   dryRun?: boolean;
-  /** Tests: called inside a batch's transaction after its deletes, before the certificate. */
-  hooks?: { afterDeletes?(taskIds: string[]): void | Promise<void> };
+}
+
+/**
+ * A named point where a test makes a batch fail. Internal: no entry point exports it; tests
+ * reach it through `runRetentionWithTestHooks`.
+ */
+export interface RetentionTestHooks {
+  /** Inside a batch's transaction after its deletes, before the certificate. */
+  afterDeletes?(taskIds: string[]): void | Promise<void>;
 }
 
 interface Candidate {
@@ -212,6 +219,14 @@ async function deleteTasks(trx: Trx, tenant: string, ids: string[]): Promise<Rec
  * delete them anyway). A failing batch rolls back whole: nothing is half-deleted.
  */
 export async function runRetention(o: RetentionOptions): Promise<RetentionRun> {
+  return runRetentionWithTestHooks(o, {});
+}
+
+/** Internal: `runRetention` with a hook at a named point, for tests. */
+export async function runRetentionWithTestHooks(
+  o: RetentionOptions,
+  hooks: RetentionTestHooks,
+): Promise<RetentionRun> {
   const { db } = o;
   const batchSize = o.batchSize ?? 100;
   if (!Number.isInteger(batchSize) || batchSize < 1) {
@@ -283,7 +298,7 @@ export async function runRetention(o: RetentionOptions): Promise<RetentionRun> {
           const tasks: DeletedTask[] = [];
           for (const c of due) if (!late.has(c.task_id)) tasks.push(await describe(trx, tenant, c));
           const deleted = await deleteTasks(trx, tenant, ids);
-          await o.hooks?.afterDeletes?.(ids);
+          await hooks.afterDeletes?.(ids);
           const body = {
             run_id: runId,
             tenant_id: tenant,

@@ -11,7 +11,7 @@ import type { KeyRing } from '../../src/checkpoints/signing.js';
 import type { Db } from '../../src/db/database.js';
 import { ValidationError } from '../../src/errors.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
-import { createReceiptStore } from '../../src/receipts/receipts.js';
+import { createReceiptStoreWithTestHooks } from '../../src/receipts/receipts.js';
 import type { ResumeOptions } from '../../src/recovery/resume.js';
 import { type Policy, resume, workflowDigestOf } from '../../src/recovery/resume.js';
 import type { TaskPatch } from '../../src/schemas/taskPatch.js';
@@ -195,15 +195,17 @@ describe('resume', () => {
       ttlMs: 200,
     });
     if (!lease.ok) throw new Error('lease');
-    const dying = createReceiptStore({
-      db: tdb.db,
-      checkpointer: checkpoints,
-      hooks: {
+    const dying = createReceiptStoreWithTestHooks(
+      {
+        db: tdb.db,
+        checkpointer: checkpoints,
+      },
+      {
         afterIntent: () => {
           throw new Error('SIGKILL');
         },
       },
-    });
+    );
     await expect(
       dying.runOnce({
         taskId: 'cp-e2e',

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { LeaseLostError } from '../../src/errors.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
-import { createReceiptStore } from '../../src/receipts/receipts.js';
+import { createReceiptStoreWithTestHooks } from '../../src/receipts/receipts.js';
 import { resume } from '../../src/recovery/resume.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { resumeOptions, seedPlannedTask } from '../checkpoints/fixtures.js';
@@ -43,16 +43,18 @@ describe('checkpoint, then an irreversible effect', () => {
       wake = r;
     });
     let effects = 0;
-    const w1 = createReceiptStore({
-      db: tdb.db,
-      checkpointer: checkpoints,
-      hooks: {
+    const w1 = createReceiptStoreWithTestHooks(
+      {
+        db: tdb.db,
+        checkpointer: checkpoints,
+      },
+      {
         afterIntent: async () => {
           reached();
           await woken; // frozen: intent and checkpoint committed, effect not started
         },
       },
-    })
+    )
       .runOnce({
         taskId: 'cte-1',
         step: 'deploy',

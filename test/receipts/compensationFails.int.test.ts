@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createReceiptStore } from '../../src/receipts/receipts.js';
+import { createReceiptStore, createReceiptStoreWithTestHooks } from '../../src/receipts/receipts.js';
 import type { RunOnceInput } from '../../src/receipts/types.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
@@ -31,14 +31,16 @@ describe('a compensation that fails', () => {
         throw new Error('must not run again');
       },
     });
-    const dead = createReceiptStore({
-      db: tdb.db,
-      hooks: {
+    const dead = createReceiptStoreWithTestHooks(
+      {
+        db: tdb.db,
+      },
+      {
         afterIntent: () => {
           throw new Error('worker died after its intent');
         },
       },
-    });
+    );
     await expect(dead.runOnce(input(async () => 'x'))).rejects.toThrow(/worker died/);
     await waitFor('the receipt to be abandoned by the database clock', async () => {
       const r = await tdb.db

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { LeaseLostError, ValidationError } from '../../src/errors.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
-import { createReceiptStore } from '../../src/receipts/receipts.js';
+import { createReceiptStore, createReceiptStoreWithTestHooks } from '../../src/receipts/receipts.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
 import { callSink, type Sink, startSink } from '../support/effectSink.js';
@@ -257,14 +257,16 @@ describe('tool receipts', () => {
     const store = createTaskStore({ db: tdb.db });
     await store.create({ task: newTask('unc'), actor: AGENT });
     // A worker that dies after writing its intent: its lease expires, the receipt stays `started`.
-    const dying = createReceiptStore({
-      db: tdb.db,
-      hooks: {
+    const dying = createReceiptStoreWithTestHooks(
+      {
+        db: tdb.db,
+      },
+      {
         afterIntent: () => {
           throw new Error('worker died');
         },
       },
-    });
+    );
     const dieAt = async (step: string) => {
       const lease = await leases.acquire({ taskId: 'unc', branch: step, agentId: 'doomed', ttlMs: 200 });
       if (!lease.ok) throw new Error('lease');

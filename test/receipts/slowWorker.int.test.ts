@@ -6,7 +6,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createLeaseManager, type Lease } from '../../src/leases/leases.js';
-import { createReceiptStore } from '../../src/receipts/receipts.js';
+import { createReceiptStore, createReceiptStoreWithTestHooks } from '../../src/receipts/receipts.js';
 import type { RunOnceInput } from '../../src/receipts/types.js';
 import { callSink, type Sink, startSink } from '../support/effectSink.js';
 import { waitForLeaseExpiry } from '../support/leases.js';
@@ -124,7 +124,7 @@ describe('a slow worker’s success races a compensation (issue 14.7)', () => {
   it('success reported while the compensator is between its claim and the compensation: gated with the conflict, never succeeded', async () => {
     const { w1, unfreeze, w2Lease } = await slowWorkerFrozenMidEffect('deploy-b');
     const claimed = pausePoint();
-    const w2Store = createReceiptStore({ db: tdb.db, hooks: { afterCompensationClaim: claimed.here } });
+    const w2Store = createReceiptStoreWithTestHooks({ db: tdb.db }, { afterCompensationClaim: claimed.here });
     const w2 = w2Store.runOnce(deploy('deploy-b', { lease: w2Lease }));
     await claimed.reached('w2 to claim the receipt for compensation');
 

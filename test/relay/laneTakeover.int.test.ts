@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createRelay } from '../../relay/relay.js';
+import { createRelay, createRelayWithTestHooks } from '../../relay/relay.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { laneOf } from '../../src/outbox/lanes.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
@@ -49,19 +49,21 @@ describe('relay lane take-over', () => {
     const woken = new Promise<void>((r) => {
       wake = r;
     });
-    const r1 = createRelay({
-      db: tdb.db,
-      publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
-      instanceId: 'r1',
-      leaseTtlMs: 1000,
-      hooks: {
+    const r1 = createRelayWithTestHooks(
+      {
+        db: tdb.db,
+        publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+        instanceId: 'r1',
+        leaseTtlMs: 1000,
+      },
+      {
         afterPublish: async (batch) => {
           if (batch !== 1) return;
           frozen();
           await woken; // frozen here: published, not yet deleted
         },
       },
-    });
+    );
     const r1Done = r1.run();
     await reachedFreeze;
     const lane = laneOf('k');

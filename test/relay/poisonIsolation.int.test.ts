@@ -2,7 +2,7 @@ import { Migrator, sql } from 'kysely';
 import { v7 as uuidv7 } from 'uuid';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { migrationProvider } from '../../migrations/index.js';
-import { createRelay, type Relay } from '../../relay/relay.js';
+import { createRelay, createRelayWithTestHooks, type Relay } from '../../relay/relay.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { laneOf } from '../../src/outbox/lanes.js';
@@ -89,18 +89,20 @@ describe('issue 14.8: poison isolation', () => {
     const healthy = ids.filter((id) => id !== poison);
 
     let injectedAt: string | undefined;
-    relay = createRelay({
-      db: tdb.db,
-      publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
-      maxIdleMs: 50,
-      hooks: {
+    relay = createRelayWithTestHooks(
+      {
+        db: tdb.db,
+        publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+        maxIdleMs: 50,
+      },
+      {
         beforeIsolatedPublish(messageId) {
           if (injectedAt !== undefined || messageId === poison) return;
           injectedAt = messageId;
           throw Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:19092'), { code: 'ECONNREFUSED' });
         },
       },
-    });
+    );
     relayDone = relay.run();
 
     await waitFor(

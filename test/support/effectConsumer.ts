@@ -7,7 +7,7 @@
  * broker is down, it waits for them like the demo's consumers (runUntilSigterm).
  */
 import { sql } from 'kysely';
-import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
+import { createInboxConsumerWithTestHooks } from '../../consumers/inboxConsumer.js';
 import { connectionsFromEnv, runUntilSigterm } from '../../scripts/demo/consumerProcess.js';
 import { createDb } from '../../src/db/database.js';
 import { createKafkaPublisher } from '../../src/kafka/publisher.js';
@@ -27,35 +27,33 @@ const killAfter = process.env.CAIRN_FAULT_KILL_AFTER_DB_COMMIT
 const name = process.env.CONSUMER_NAME ?? 'consumer';
 const logger = createLogger({ name: `effect-consumer-${name}` });
 
-const consumer = createInboxConsumer({
-  db,
-  groupId: env('GROUP'),
-  subscriber: createKafkaSubscriber({
-    brokers,
+const consumer = createInboxConsumerWithTestHooks(
+  {
+    db,
     groupId: env('GROUP'),
-    topics: [env('TOPIC')],
-    sessionTimeoutMs: 6000,
+    subscriber: createKafkaSubscriber({
+      brokers,
+      groupId: env('GROUP'),
+      topics: [env('TOPIC')],
+      sessionTimeoutMs: 6000,
+      logger,
+    }),
+    dlqPublisher: createKafkaPublisher({ brokers }),
     logger,
-  }),
-  dlqPublisher: createKafkaPublisher({ brokers }),
-  logger,
-  chunkSize: Number(process.env.CHUNK_SIZE ?? 100),
-  handler: async (trx, m) => {
-    const { key, seq } = m.json<{ key: string; seq: number }>();
-    await sql`INSERT INTO effects (message_id, key, seq, consumer) VALUES (${m.messageId}, ${key}, ${seq}, ${name})`.execute(
-      trx,
-    );
+    chunkSize: Number(process.env.CHUNK_SIZE ?? 100),
+    handler: async (trx, m) => {
+      const { key, seq } = m.json<{ key: string; seq: number }>();
+      await sql`INSERT INTO effects (message_id, key, seq, consumer) VALUES (${m.messageId}, ${key}, ${seq}, ${name})`.execute(
+        trx,
+      );
+    },
   },
-  ...(killAfter
-    ? {
-        hooks: {
-          afterDbCommit: (n: number) => {
-            if (n >= killAfter) process.kill(process.pid, 'SIGKILL');
-          },
-        },
-      }
-    : {}),
-});
+  {
+    afterDbCommit: (n) => {
+      if (killAfter && n >= killAfter) process.kill(process.pid, 'SIGKILL');
+    },
+  },
+);
 
 await runUntilSigterm(consumer, {
   name: 'effect consumer',

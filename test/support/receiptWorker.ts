@@ -7,7 +7,7 @@
 import { createDb } from '../../src/db/database.js';
 import { LeaseHeldError, LeaseLostError } from '../../src/errors.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
-import { createReceiptStore } from '../../src/receipts/receipts.js';
+import { createReceiptStoreWithTestHooks } from '../../src/receipts/receipts.js';
 import { callSink } from './effectSink.js';
 
 const db = createDb({ connectionString: process.env.DATABASE_URL!, max: 3 });
@@ -22,16 +22,18 @@ const die = (at: string) => {
 };
 
 const leases = createLeaseManager({ db });
-const receipts = createReceiptStore({
-  db,
-  hooks: {
+const receipts = createReceiptStoreWithTestHooks(
+  {
+    db,
+  },
+  {
     afterIntent: () => {
       effects++;
       die('after_intent');
     },
     afterEffect: () => die('after_effect'),
   },
-});
+);
 
 // Skip what is settled already; start at a different operation than the other workers.
 const settled = new Set(

@@ -10,7 +10,12 @@ import { createTenantKeys, type TenantKeys } from '../../src/crypto/tenantKeys.j
 import { createLeaseManager } from '../../src/leases/leases.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';
 import { annotate, placeHold, releaseHold } from '../../src/retention/holds.js';
-import { certificateIntact, runRetention, setRetentionPolicy } from '../../src/retention/retention.js';
+import {
+  certificateIntact,
+  runRetention,
+  runRetentionWithTestHooks,
+  setRetentionPolicy,
+} from '../../src/retention/retention.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
@@ -132,15 +137,17 @@ describe('retention, deletion certificates and legal hold', () => {
   it('a failing batch rolls back whole: nothing half-deleted, no certificate', async () => {
     const before = await everything();
     await expect(
-      runRetention({
-        db: t.db,
-        actor: OPERATOR,
-        hooks: {
+      runRetentionWithTestHooks(
+        {
+          db: t.db,
+          actor: OPERATOR,
+        },
+        {
           afterDeletes: () => {
             throw new Error('disk full');
           },
         },
-      }),
+      ),
     ).rejects.toThrow('disk full');
     expect(await everything()).toEqual(before);
     expect(await t.db.selectFrom('deletion_certificate').selectAll().execute()).toEqual([]);
