@@ -5,8 +5,10 @@ import { isConfigurationSqlError, isRetriableSqlError } from '../src/db/sqlstate
 import type { Publisher } from '../src/kafka/publisher.js';
 import type { ReceivedBatch, ReceivedMessage, Subscriber } from '../src/kafka/subscriber.js';
 import { type Logger, silentLogger } from '../src/logger.js';
+import { parseOptions } from '../src/options.js';
 import { DLQ_HEADER, HEADER } from '../src/outbox/wire.js';
 import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
+import { InboxConsumerOptionsSchema } from './options.js';
 import { claimVersion } from './sql/claimVersion.js';
 import { appliedBy, inboxKey, insertInboxRows } from './sql/insertInboxRows.js';
 import { pruneInbox } from './sql/pruneInbox.js';
@@ -139,9 +141,10 @@ export function createInboxConsumer(options: InboxConsumerOptions): InboxConsume
 
 /** Internal: `createInboxConsumer` with a hook at a named point, for crash tests. */
 export function createInboxConsumerWithTestHooks(
-  options: InboxConsumerOptions,
+  input: InboxConsumerOptions,
   hooks: InboxTestHooks,
 ): InboxConsumer {
+  const options = parseOptions('inbox consumer options', InboxConsumerOptionsSchema, input);
   const { db, groupId, handler } = options;
   const log = (options.logger ?? silentLogger).child({ component: 'inbox', group: groupId });
   const chunkSize = options.chunkSize ?? 500;

@@ -6,6 +6,7 @@
 export {
   type CreateTopicsOptions,
   createKafkaSubscriber,
+  type KafkaSubscriberOptions,
   type ReceivedBatch,
   type ReceivedMessage,
   type Subscriber,

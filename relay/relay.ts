@@ -6,9 +6,11 @@ import { isConfigurationSqlError, mapSqlError } from '../src/db/sqlstate.js';
 import { CairnError, CairnErrorCodes, ConfigurationError } from '../src/errors.js';
 import { isKafkaConfigurationError, isPoisonError } from '../src/kafka/classifyError.js';
 import { silentLogger } from '../src/logger.js';
+import { parseOptions } from '../src/options.js';
 import { LANE_COUNT } from '../src/outbox/lanes.js';
 import { OUTBOX_CHANNEL } from '../src/outbox/outbox.js';
 import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
+import { RelayOptionsSchema } from './options.js';
 import { isolatePoison, type PublishContext, publishWithRetry, toMessages } from './publishBatch.js';
 import { type ClaimedRow, claimBatch } from './sql/claimBatch.js';
 import { deleteFenced } from './sql/deleteFenced.js';
@@ -40,7 +42,8 @@ export function createRelay(options: RelayOptions): Relay {
 }
 
 /** Internal: `createRelay` with hooks at named points, for crash and interleaving tests. */
-export function createRelayWithTestHooks(options: RelayOptions, hooks: RelayTestHooks): Relay {
+export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHooks): Relay {
+  const options = parseOptions('relay options', RelayOptionsSchema, input);
   const instanceId = options.instanceId ?? `relay-${randomUUID()}`;
   const log = (options.logger ?? silentLogger).child({ component: 'relay', instance: instanceId });
   const db = options.db;

@@ -15,7 +15,7 @@ export {
 export type { KeyRing } from './checkpoints/signing.js';
 // Tenant keys, retention and legal hold.
 export { type KeyProvider, localKeyring, writeKeyring } from './crypto/keyProvider.js';
-export { createTenantKeys, type TenantKeys } from './crypto/tenantKeys.js';
+export { createTenantKeys, type TenantKeys, type TenantKeysOptions } from './crypto/tenantKeys.js';
 // The database: connect, migrate, act for a tenant.
 export {
   type ConnectionStringOptions,
@@ -52,9 +52,10 @@ export {
   type Fence,
   type Lease,
   type LeaseManager,
+  type LeaseManagerOptions,
   type LeaseRequest,
 } from './leases/leases.js';
-export { createLogger, type Logger } from './logger.js';
+export { createLogger, type Logger, type LoggerOptions } from './logger.js';
 // The outbox and the wire contract its messages carry.
 export type { OutboxMessageInput } from './outbox/message.js';
 export { createOutbox, type EnqueueContext, type Outbox, type OutboxOptions } from './outbox/outbox.js';
@@ -74,6 +75,7 @@ export {
 // Regional failover.
 export {
   checkAfterFailover,
+  type FailoverCheckOptions,
   type FailoverReport,
   quarantine,
   releaseQuarantine,

@@ -1,5 +1,7 @@
-import type { z } from 'zod';
+import { z } from 'zod';
+import type { Db } from './db/database.js';
 import { ValidationError } from './errors.js';
+import type { Logger } from './logger.js';
 import { zodIssues } from './schemas/zodIssues.js';
 
 /** Validates a factory's options object once and freezes the result. */
@@ -12,3 +14,43 @@ export function parseOptions<S extends z.ZodType>(
   if (!parsed.success) throw new ValidationError(what, zodIssues(parsed.error, input));
   return Object.freeze(parsed.data);
 }
+
+type SameKeys<A, B> = [keyof A] extends [keyof B] ? ([keyof B] extends [keyof A] ? true : false) : false;
+type Assignable<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : false;
+
+/**
+ * Ties a factory's zod schema to the option type it documents, at compile time: the same
+ * keys, and values assignable both ways. An option added to the interface but not to the
+ * schema (which, strict, would refuse it at run time), or the reverse, does not compile.
+ * Usage: `const Schema = optionsSchema<RelayOptions>()(z.strictObject({ ... }))`.
+ */
+export function optionsSchema<T>() {
+  return <S extends z.ZodType>(
+    schema: S &
+      (SameKeys<z.input<S>, T> extends true
+        ? Assignable<z.input<S>, T> extends true
+          ? unknown
+          : { 'option types differ from the schema': T }
+        : { 'option keys differ from the schema': T }),
+  ): S => schema;
+}
+
+const hasMethods = (v: unknown, methods: readonly string[]): boolean =>
+  typeof v === 'object' &&
+  v !== null &&
+  methods.every((m) => typeof (v as Record<string, unknown>)[m] === 'function');
+
+/** An object with these methods (a publisher, a store, a key provider...): `what` says which. */
+export const objectWith = <T>(what: string, ...methods: string[]) =>
+  z.custom<T>((v) => hasMethods(v, methods), { message: `must be ${what}` });
+
+/** The zod pieces the factories' schemas share. */
+export const opt = {
+  db: () => objectWith<Db>('a Db from createDb() (a kysely instance)', 'selectFrom', 'transaction'),
+  logger: () => objectWith<Logger>('a pino Logger (createLogger())', 'child', 'info').optional(),
+  fn: <F>(what = 'a function') => z.custom<F>((v) => typeof v === 'function', { message: `must be ${what}` }),
+  /** A duration in milliseconds, more than 0. */
+  ms: () => z.number().int().positive(),
+  count: () => z.number().int().positive(),
+  text: () => z.string().min(1),
+};

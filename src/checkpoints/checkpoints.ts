@@ -5,6 +5,7 @@ import type { TenantKeys } from '../crypto/tenantKeys.js';
 import type { Db } from '../db/database.js';
 import type { Executor, Trx } from '../db/executor.js';
 import { CairnError, ValidationError } from '../errors.js';
+import { parseOptions } from '../options.js';
 import type { TaskState } from '../schemas/taskState.js';
 import { zodIssues } from '../schemas/zodIssues.js';
 import { parseStoredTaskState } from '../state/parseStored.js';
@@ -15,6 +16,7 @@ import {
   DEFAULT_CLASSIFICATION,
   validateClassification,
 } from './classification.js';
+import { CheckpointerOptionsSchema } from './options.js';
 import {
   CHECKPOINT_V1,
   CHECKPOINT_V2,
@@ -102,9 +104,10 @@ export function createCheckpointer(options: CheckpointerOptions): Checkpointer {
 
 /** Internal: `createCheckpointer` with a hook at a named point, for crash tests. */
 export function createCheckpointerWithTestHooks(
-  options: CheckpointerOptions,
+  input: CheckpointerOptions,
   hooks: CheckpointerTestHooks,
 ): Checkpointer {
+  const options = parseOptions('checkpointer options', CheckpointerOptionsSchema, input);
   const { db } = options;
   const snapshots = options.snapshots ?? createPgSnapshotStore(db);
   const classification = options.classification

@@ -1,8 +1,10 @@
 import { randomBytes, randomUUID } from 'node:crypto';
+import { z } from 'zod';
 import type { Db } from '../db/database.js';
 import type { Executor } from '../db/executor.js';
 import { assertTenantId, assertTenantKnown, registerTenant } from '../db/tenant.js';
 import { CairnError } from '../errors.js';
+import { objectWith, opt, optionsSchema, parseOptions } from '../options.js';
 import { type KeyProvider, open, seal } from './keyProvider.js';
 
 export interface Sealed {
@@ -27,8 +29,21 @@ export interface TenantKeys {
   shred(tenantId: string): Promise<number>;
 }
 
-export function createTenantKeys(o: { db: Db; provider: KeyProvider }): TenantKeys {
-  const { db, provider } = o;
+/** What createTenantKeys takes: the owner's database and the provider that wraps data keys. */
+export interface TenantKeysOptions {
+  db: Db;
+  provider: KeyProvider;
+}
+
+const TenantKeysOptionsSchema = optionsSchema<TenantKeysOptions>()(
+  z.strictObject({
+    db: opt.db(),
+    provider: objectWith<KeyProvider>('a KeyProvider (localKeyring())', 'currentKekId', 'wrap', 'unwrap'),
+  }),
+);
+
+export function createTenantKeys(options: TenantKeysOptions): TenantKeys {
+  const { db, provider } = parseOptions('tenant keys options', TenantKeysOptionsSchema, options);
   const unwrapped = new Map<string, { tenantId: string; key: Buffer }>();
 
   async function keyById(keyId: string, tenantId: string, ex: Executor): Promise<Buffer> {

@@ -1,5 +1,7 @@
 import { CompressionTypes, Kafka, type KafkaConfig, logLevel, Partitioners, type Producer } from 'kafkajs';
+import { z } from 'zod';
 import { CairnError, CairnErrorCodes } from '../errors.js';
+import { opt, optionsSchema, parseOptions } from '../options.js';
 
 export interface PublishMessage {
   topic: string;
@@ -37,11 +39,26 @@ export function kafkaClient(brokers: string[], clientId: string, extra: Partial<
  * Idempotent producer, acks=all, one request in flight: with kafkajs this is what keeps a
  * partition's order through retries.
  */
-export function createKafkaPublisher(opts: {
+/** What createKafkaPublisher takes. */
+export interface KafkaPublisherOptions {
+  /** Bootstrap brokers, `host:port` each. */
   brokers: string[];
+  /** The Kafka client id (default `cairn-relay`). */
   clientId?: string;
+  /** Gzip each batch. */
   compression?: boolean;
-}): Publisher {
+}
+
+const KafkaPublisherOptionsSchema = optionsSchema<KafkaPublisherOptions>()(
+  z.strictObject({
+    brokers: z.array(opt.text()).min(1, 'must name at least one broker (host:port)'),
+    clientId: opt.text().optional(),
+    compression: z.boolean().optional(),
+  }),
+);
+
+export function createKafkaPublisher(options: KafkaPublisherOptions): Publisher {
+  const opts = parseOptions('Kafka publisher options', KafkaPublisherOptionsSchema, options);
   const kafka = kafkaClient(opts.brokers, opts.clientId ?? 'cairn-relay');
   let producer: Producer | undefined;
   return {

@@ -1,25 +1,13 @@
 import type { Consumer } from 'kafkajs';
 import { z } from 'zod';
 import { type Logger, silentLogger } from '../logger.js';
-import { parseOptions } from '../options.js';
+import { opt, optionsSchema, parseOptions } from '../options.js';
 import { untilReachable } from '../startup/untilReachable.js';
 import { isKafkaConfigurationError } from './classifyError.js';
 import { type CreateTopicsOptions, ensureTopics } from './ensureTopics.js';
 import { kafkaClient } from './publisher.js';
 
 export type { CreateTopicsOptions } from './ensureTopics.js';
-
-const CreateTopicsSchema = z
-  .object({
-    createTopics: z
-      .object({
-        numPartitions: z.number().int().positive(),
-        replicationFactor: z.number().int().positive().optional(),
-      })
-      .strict()
-      .optional(),
-  })
-  .passthrough();
 
 export interface ReceivedMessage {
   topic: string;
@@ -61,12 +49,19 @@ export interface Subscriber {
   stop(): Promise<void>;
 }
 
-export function createKafkaSubscriber(opts: {
+/** What createKafkaSubscriber takes. */
+export interface KafkaSubscriberOptions {
+  /** Bootstrap brokers, `host:port` each. */
   brokers: string[];
+  /** The consumer group (the inbox consumer's `groupId`). */
   groupId: string;
+  /** Topics to read. */
   topics: string[];
+  /** The Kafka client id (default `cairn-inbox-<groupId>`). */
   clientId?: string;
+  /** A new group starts at the beginning of each partition instead of its end. */
   fromBeginning?: boolean;
+  /** The group's session timeout: how soon a dead consumer's partitions move to another. */
   sessionTimeoutMs?: number;
   /**
    * Create the topics that do not exist yet, with these settings, before subscribing.
@@ -76,8 +71,30 @@ export function createKafkaSubscriber(opts: {
   /** Told when the client crashed for good and is being replaced (see run()). */
   onRestart?: (error: Error, attempt: number) => void;
   logger?: Logger;
-}): Subscriber {
-  const { createTopics } = parseOptions('createKafkaSubscriber options', CreateTopicsSchema, opts);
+}
+
+const KafkaSubscriberOptionsSchema = optionsSchema<KafkaSubscriberOptions>()(
+  z.strictObject({
+    brokers: z.array(opt.text()).min(1, 'must name at least one broker (host:port)'),
+    groupId: opt.text(),
+    topics: z.array(opt.text()).min(1, 'must name at least one topic'),
+    clientId: opt.text().optional(),
+    fromBeginning: z.boolean().optional(),
+    sessionTimeoutMs: opt.ms().optional(),
+    createTopics: z
+      .strictObject({
+        numPartitions: z.number().int().positive(),
+        replicationFactor: z.number().int().positive().optional(),
+      })
+      .optional(),
+    onRestart: opt.fn<(error: Error, attempt: number) => void>().optional(),
+    logger: opt.logger(),
+  }),
+);
+
+export function createKafkaSubscriber(options: KafkaSubscriberOptions): Subscriber {
+  const opts = parseOptions('Kafka subscriber options', KafkaSubscriberOptionsSchema, options);
+  const { createTopics } = opts;
   const kafka = kafkaClient(opts.brokers, opts.clientId ?? `cairn-inbox-${opts.groupId}`);
   const log = (opts.logger ?? silentLogger).child({ component: 'subscriber', group: opts.groupId });
   let consumer: Consumer | undefined;

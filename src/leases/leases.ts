@@ -1,8 +1,10 @@
 import { randomUUID } from 'node:crypto';
 import { sql } from 'kysely';
+import { z } from 'zod';
 import type { Db } from '../db/database.js';
-import { LeaseHeldError, LeaseLostError, ValidationError } from '../errors.js';
+import { LeaseHeldError, LeaseLostError } from '../errors.js';
 import { type Logger, silentLogger } from '../logger.js';
+import { opt, optionsSchema, parseOptions } from '../options.js';
 import { acquireLease } from './sql/acquireLease.js';
 import type { Fence } from './sql/fenceCheck.js';
 
@@ -38,30 +40,30 @@ export interface LeaseManager {
 }
 
 const MAX_TTL_MS = 86_400_000;
+const ttlMs = z.number().positive().max(MAX_TTL_MS, `must be at most ${MAX_TTL_MS} ms (24 h)`);
+const TtlSchema = z.strictObject({ ttlMs });
+const LeaseRequestSchema = optionsSchema<LeaseRequest>()(
+  z.strictObject({ taskId: opt.text(), branch: opt.text(), agentId: opt.text(), ttlMs }),
+);
+
+/** What createLeaseManager takes. */
+export interface LeaseManagerOptions {
+  db: Db;
+  logger?: Logger;
+}
+
+const LeaseManagerOptionsSchema = optionsSchema<LeaseManagerOptions>()(
+  z.strictObject({ db: opt.db(), logger: opt.logger() }),
+);
 
 /**
  * Leases judge expiry by the database's clock only: an agent whose own clock is off cannot
  * extend, keep or steal a lease, since it never sends a time, only a duration.
  */
-export function createLeaseManager(opts: { db: Db; logger?: Logger }): LeaseManager {
-  const { db } = opts;
-  const log = (opts.logger ?? silentLogger).child({ component: 'leases' });
-
-  function check(req: LeaseRequest): void {
-    if (!(req.ttlMs > 0 && req.ttlMs <= MAX_TTL_MS)) {
-      throw new ValidationError('lease request', [
-        {
-          path: 'ttlMs',
-          message: `must be a number of milliseconds more than 0 and at most ${MAX_TTL_MS} (24 h)`,
-          value: req.ttlMs,
-        },
-      ]);
-    }
-    for (const key of ['taskId', 'branch', 'agentId'] as const) {
-      if (!req[key])
-        throw new ValidationError('lease request', [{ path: key, message: 'is required', value: req[key] }]);
-    }
-  }
+export function createLeaseManager(options: LeaseManagerOptions): LeaseManager {
+  const { db, logger } = parseOptions('lease manager options', LeaseManagerOptionsSchema, options);
+  const log = (logger ?? silentLogger).child({ component: 'leases' });
+  const check = (req: LeaseRequest) => parseOptions('lease request', LeaseRequestSchema, req);
 
   const manager: LeaseManager = {
     async acquire(req) {
@@ -96,6 +98,7 @@ export function createLeaseManager(opts: { db: Db; logger?: Logger }): LeaseMana
     },
 
     async renew(lease, ttlMs) {
+      parseOptions('lease renewal', TtlSchema, { ttlMs });
       const { rows } = await sql<{ expires_at: Date }>`
         UPDATE task_lease SET expires_at = now() + make_interval(secs => ${ttlMs / 1000})
          WHERE task_id = ${lease.taskId} AND branch = ${lease.branch} AND lease_id = ${lease.leaseId}::uuid

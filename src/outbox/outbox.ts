@@ -1,8 +1,9 @@
 import { sql } from 'kysely';
-import type { z } from 'zod';
+import { z } from 'zod';
 import type { Executor } from '../db/executor.js';
 import { LeaseLostError } from '../errors.js';
 import { type Fence, holdsFence } from '../leases/sql/fenceCheck.js';
+import { objectWith, optionsSchema, parseOptions } from '../options.js';
 import { laneOf } from './lanes.js';
 import {
   DEFAULT_MAX_PAYLOAD_BYTES,
@@ -50,7 +51,16 @@ export interface OutboxOptions {
   notify?: boolean;
 }
 
-export function createOutbox(options: OutboxOptions = {}): Outbox {
+const OutboxOptionsSchema = optionsSchema<OutboxOptions>()(
+  z.strictObject({
+    schemas: z.record(z.string(), objectWith<z.ZodType>('a zod schema', 'safeParse')).optional(),
+    maxPayloadBytes: z.number().int().positive().optional(),
+    notify: z.boolean().optional(),
+  }),
+);
+
+export function createOutbox(input: OutboxOptions = {}): Outbox {
+  const options = parseOptions('outbox options', OutboxOptionsSchema, input);
   const schemas = new Map(Object.entries(options.schemas ?? {}));
   const maxPayloadBytes = options.maxPayloadBytes ?? DEFAULT_MAX_PAYLOAD_BYTES;
   const outbox: Outbox = {

@@ -8,8 +8,10 @@ import { CairnError, CairnErrorCodes, LeaseLostError, NotFoundError, ValidationE
 import type { Lease } from '../leases/leases.js';
 import { holdsFence } from '../leases/sql/fenceCheck.js';
 import { silentLogger } from '../logger.js';
+import { parseOptions } from '../options.js';
 import { parseStoredTaskState } from '../state/parseStored.js';
 import { compensateFrom, lateSuccess, type ReceiptContext, settled } from './compensation.js';
+import { ReceiptStoreOptionsSchema } from './options.js';
 import { createResultCodec, type StoredRow } from './resultCodec.js';
 import { receiptOwnerAlive } from './sql/ownerAlive.js';
 import { reclaimReceipt } from './sql/reclaim.js';
@@ -69,9 +71,10 @@ export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
 
 /** Internal: `createReceiptStore` with hooks at named points, for crash and interleaving tests. */
 export function createReceiptStoreWithTestHooks(
-  options: ReceiptStoreOptions,
+  input: ReceiptStoreOptions,
   hooks: ReceiptTestHooks,
 ): ReceiptStore {
+  const options = parseOptions('receipt store options', ReceiptStoreOptionsSchema, input);
   const { db } = options;
   const log = (options.logger ?? silentLogger).child({ component: 'receipts' });
   const abandonAfterMs = options.abandonAfterMs ?? 300_000;

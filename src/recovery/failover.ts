@@ -1,8 +1,10 @@
 import { randomUUID } from 'node:crypto';
 import type { Kafka } from 'kafkajs';
 import pRetry from 'p-retry';
+import { z } from 'zod';
 import type { Db } from '../db/database.js';
 import { UnavailableError } from '../errors.js';
+import { optionsSchema, parseOptions } from '../options.js';
 import { HEADER } from '../outbox/wire.js';
 
 /** A transition the broker saw (a message it caused) that the database no longer has. */
@@ -45,6 +47,31 @@ export interface FailoverReport {
   /** Tasks to hold for an operator: resuming them could repeat or skip work. */
   divergedTasks: string[];
 }
+
+/** What checkAfterFailover compares the promoted database with. */
+export interface FailoverCheckOptions {
+  /** The topics the relay published to: every message on them is read to its end. */
+  topics: readonly string[];
+  /** Consumer groups whose committed offsets are checked against their inbox rows. */
+  consumers?: ReadonlyArray<{ groupId: string; topics: readonly string[] }>;
+  /** Effects the tool (or its log) reports as applied, if it can tell. */
+  appliedEffects?: readonly AppliedEffect[];
+}
+
+const topicList = z.array(z.string().min(1)).readonly();
+const FailoverCheckOptionsSchema = optionsSchema<FailoverCheckOptions>()(
+  z.strictObject({
+    topics: topicList,
+    consumers: z
+      .array(z.strictObject({ groupId: z.string().min(1), topics: topicList }).readonly())
+      .readonly()
+      .optional(),
+    appliedEffects: z
+      .array(z.strictObject({ idempotencyKey: z.string().min(1), taskId: z.string().optional() }))
+      .readonly()
+      .optional(),
+  }),
+);
 
 export interface SeenMessage {
   topic: string;
@@ -196,12 +223,9 @@ async function lostConsumptions(
 export async function checkAfterFailover(
   db: Db,
   kafka: Kafka,
-  o: {
-    topics: readonly string[];
-    consumers?: ReadonlyArray<{ groupId: string; topics: readonly string[] }>;
-    appliedEffects?: readonly AppliedEffect[];
-  },
+  options: FailoverCheckOptions,
 ): Promise<FailoverReport> {
+  const o = parseOptions('failover check options', FailoverCheckOptionsSchema, options);
   const messages = await readTopicsToEnd(kafka, o.topics);
   // The task a message's transition belongs to is its cairn-task-id with its tenant (never its
   // key: a message may be keyed by anything, and two tenants may use the same key).

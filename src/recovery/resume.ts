@@ -4,6 +4,7 @@ import type { Checkpointer, StoredCheckpoint } from '../checkpoints/checkpoints.
 import type { Db } from '../db/database.js';
 import { CairnError, LeaseHeldError, NotFoundError, UnavailableError, ValidationError } from '../errors.js';
 import type { Lease, LeaseManager } from '../leases/leases.js';
+import { objectWith, opt, optionsSchema, parseOptions } from '../options.js';
 import type { EffectContext, ReceiptStore, ReconcileAction } from '../receipts/receipts.js';
 import type { TaskState } from '../schemas/taskState.js';
 import { zodIssues } from '../schemas/zodIssues.js';
@@ -75,7 +76,26 @@ export function workflowDigestOf(definition: unknown): string {
  * unavailable stops the resume (UnavailableError, lease released, nothing written): an outage
  * is never taken for corruption. On any error the lease is released.
  */
-export async function resume(taskId: string, o: ResumeOptions): Promise<ResumePlan> {
+const ResumeOptionsSchema = optionsSchema<ResumeOptions>()(
+  z.strictObject({
+    db: opt.db(),
+    store: objectWith<TaskStore>('a TaskStore (createTaskStore())', 'get', 'update'),
+    checkpoints: objectWith<Checkpointer>('a Checkpointer (createCheckpointer())', 'list', 'verify'),
+    receipts: objectWith<ReceiptStore>('a ReceiptStore (createReceiptStore())', 'reconcile'),
+    leases: objectWith<LeaseManager>('a LeaseManager (createLeaseManager())', 'acquire', 'release'),
+    workflowDefinition: z.unknown().refine((v) => v !== undefined, 'is required'),
+    compatibleDigests: z.array(opt.text()).readonly().optional(),
+    policy: opt.fn<() => Promise<Policy>>('an async function returning the current Policy'),
+    actor: opt.text(),
+    agentId: opt.text(),
+    leaseTtlMs: opt.ms().optional(),
+    branch: opt.text().optional(),
+    compensators: z.record(z.string(), opt.fn<(ctx: EffectContext) => Promise<unknown>>()).optional(),
+  }),
+);
+
+export async function resume(taskId: string, options: ResumeOptions): Promise<ResumePlan> {
+  const o = parseOptions('resume options', ResumeOptionsSchema, options);
   const first = await o.store.get(taskId);
   if (!first) throw new NotFoundError('task', taskId);
   if (isTerminal(first.status)) {

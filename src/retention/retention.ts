@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { sql } from 'kysely';
+import { z } from 'zod';
 import { canonicalBytes, sha256 } from '../canonical.js';
 import type { Db } from '../db/database.js';
 import type { Trx } from '../db/executor.js';
@@ -7,6 +8,7 @@ import { SqlState, sqlState } from '../db/sqlstate.js';
 import { assertTenantKnown } from '../db/tenant.js';
 import type { DataClass } from '../db/types.js';
 import { ValidationError } from '../errors.js';
+import { opt, optionsSchema, parseOptions } from '../options.js';
 
 export const DATA_CLASSES: readonly DataClass[] = ['public', 'internal', 'confidential'];
 
@@ -105,6 +107,16 @@ export interface RetentionTestHooks {
   /** Inside a batch's transaction after its deletes, before the certificate. */
   afterDeletes?(taskIds: string[]): void | Promise<void>;
 }
+
+const RetentionOptionsSchema = optionsSchema<RetentionOptions>()(
+  z.strictObject({
+    db: opt.db(),
+    actor: opt.text(),
+    tenantId: opt.text().optional(),
+    batchSize: opt.count().optional(),
+    dryRun: z.boolean().optional(),
+  }),
+);
 
 interface Candidate {
   task_id: string;
@@ -224,16 +236,12 @@ export async function runRetention(o: RetentionOptions): Promise<RetentionRun> {
 
 /** Internal: `runRetention` with a hook at a named point, for tests. */
 export async function runRetentionWithTestHooks(
-  o: RetentionOptions,
+  options: RetentionOptions,
   hooks: RetentionTestHooks,
 ): Promise<RetentionRun> {
+  const o = parseOptions('retention options', RetentionOptionsSchema, options);
   const { db } = o;
   const batchSize = o.batchSize ?? 100;
-  if (!Number.isInteger(batchSize) || batchSize < 1) {
-    throw new ValidationError('retention run', [
-      { path: 'batch', message: 'must be an integer >= 1', value: batchSize },
-    ]);
-  }
   let tenants: string[];
   if (o.tenantId !== undefined) {
     await assertTenantKnown(db, o.tenantId);
