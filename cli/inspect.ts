@@ -68,7 +68,7 @@ export async function checkpointCommand(argv: string[]): Promise<number> {
       const c = list[i]!;
       const v = sub === 'verify' ? await checkpoints.verify(c, list[i + 1]) : undefined;
       if (v && !v.ok) {
-        if (v.unavailable) unavailable++;
+        if (v.reason === 'unavailable') unavailable++;
         else bad++;
       }
       rows.push({
@@ -81,8 +81,8 @@ export async function checkpointCommand(argv: string[]): Promise<number> {
           ? {
               valid: v.ok,
               signature_checked: v.ok ? v.signatureChecked : undefined,
-              unavailable: v.ok ? undefined : !!v.unavailable,
-              problem: v.ok ? undefined : v.reason,
+              unavailable: v.ok ? undefined : v.reason === 'unavailable',
+              problem: v.ok ? undefined : v.message,
             }
           : {}),
       });

@@ -54,6 +54,7 @@ export {
   type LeaseManager,
   type LeaseManagerOptions,
   type LeaseRequest,
+  type RenewResult,
 } from './leases/leases.js';
 export { createLogger, type Logger, type LoggerOptions } from './logger.js';
 // The outbox and the wire contract its messages carry.

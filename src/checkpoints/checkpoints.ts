@@ -52,14 +52,18 @@ export interface StoredCheckpoint {
 }
 
 /**
- * `unavailable`: the checkpoint could not be checked because a dependency is down (a key,
- * the key provider, the database): an outage, not corruption; nothing may be concluded.
+ * What `verify` concluded. `reason: 'invalid'`: the checkpoint is corrupt, forged or
+ * unsigned where a signature is required; `message` says which check failed.
+ * `reason: 'unavailable'`: it could not be checked because a dependency is down (a key, the
+ * key provider, the database): an outage, not corruption; nothing may be concluded.
  * `signatureChecked`: false when no key ring was configured (then only digests and chain
  * were checked, which anyone who can write the table can recompute).
  */
 export type Verification =
   | { ok: true; state: TaskState; signatureChecked: boolean }
-  | { ok: false; reason: string; unavailable?: boolean };
+  | { ok: false; reason: 'invalid' | 'unavailable'; message: string };
+
+const invalid = (message: string): Verification => ({ ok: false, reason: 'invalid', message });
 
 export interface Checkpointer {
   /** Takes a checkpoint inside `trx`, the transaction of the change that crossed the boundary. */
@@ -274,10 +278,9 @@ export function createCheckpointerWithTestHooks(
       const cp = stored.checkpoint;
       const ring = options.keyRing;
       if (ring && !options.allowLegacyCheckpoints && (stored.legacy || !cp.integrity.signature)) {
-        return {
-          ok: false,
-          reason: `${stored.legacy ? 'legacy (v1) checkpoint' : 'checkpoint is not signed'} but a key ring is configured; refused (allowLegacyCheckpoints accepts rows written before signing)`,
-        };
+        return invalid(
+          `${stored.legacy ? 'legacy (v1) checkpoint' : 'checkpoint is not signed'} but a key ring is configured; refused (allowLegacyCheckpoints accepts rows written before signing)`,
+        );
       }
       let bytes: Buffer | undefined;
       try {
@@ -286,40 +289,35 @@ export function createCheckpointerWithTestHooks(
         const unavailable = isOutage(err);
         return {
           ok: false,
-          unavailable,
-          reason: `snapshot ${cp.state_snapshot_uri} cannot be read${unavailable ? ' now (an outage, not corruption)' : ''}: ${(err as Error).message}`,
+          reason: unavailable ? 'unavailable' : 'invalid',
+          message: `snapshot ${cp.state_snapshot_uri} cannot be read${unavailable ? ' now (an outage, not corruption)' : ''}: ${(err as Error).message}`,
         };
       }
-      if (!bytes) return { ok: false, reason: `snapshot ${cp.state_snapshot_uri} is missing` };
+      if (!bytes) return invalid(`snapshot ${cp.state_snapshot_uri} is missing`);
       const actual = sha256(bytes);
       if (actual !== cp.integrity.snapshot_digest) {
-        return {
-          ok: false,
-          reason: `snapshot digest mismatch: recorded ${cp.integrity.snapshot_digest}, computed ${actual}`,
-        };
+        return invalid(
+          `snapshot digest mismatch: recorded ${cp.integrity.snapshot_digest}, computed ${actual}`,
+        );
       }
       if (!stored.legacy) {
         const sig =
           cp.integrity.signature || !options.allowLegacyCheckpoints
             ? verifySignature(cp, ring)
             : { ok: true as const };
-        if (!sig.ok) return sig;
+        if (!sig.ok) return invalid(sig.message);
         if (sha256(signedBytes(cp)) !== stored.digest)
-          return { ok: false, reason: 'checkpoint document does not match its recorded digest' };
+          return invalid('checkpoint document does not match its recorded digest');
         if ((previous?.digest ?? null) !== cp.integrity.previous_checkpoint_digest) {
-          return {
-            ok: false,
-            reason: `broken chain: previous checkpoint digest is ${previous?.digest ?? 'none'}, the checkpoint names ${cp.integrity.previous_checkpoint_digest ?? 'none'}`,
-          };
+          return invalid(
+            `broken chain: previous checkpoint digest is ${previous?.digest ?? 'none'}, the checkpoint names ${cp.integrity.previous_checkpoint_digest ?? 'none'}`,
+          );
         }
       }
       const state = readSnapshot(bytes, cp.task_id);
-      if (!state) return { ok: false, reason: 'snapshot is not a valid TaskState' };
+      if (!state) return invalid('snapshot is not a valid TaskState');
       if (state.version !== cp.state_version) {
-        return {
-          ok: false,
-          reason: `snapshot holds version ${state.version}, the checkpoint says ${cp.state_version}`,
-        };
+        return invalid(`snapshot holds version ${state.version}, the checkpoint says ${cp.state_version}`);
       }
       return {
         ok: true,

@@ -33,18 +33,18 @@ export function sign(cp: Checkpoint, ring: KeyRing): NonNullable<Checkpoint['int
 export function verifySignature(
   cp: Checkpoint,
   ring: KeyRing | undefined,
-): { ok: true } | { ok: false; reason: string } {
+): { ok: true } | { ok: false; message: string } {
   const sig = cp.integrity.signature;
   if (!sig)
     return ring
-      ? { ok: false, reason: 'checkpoint is not signed but a key ring is configured' }
+      ? { ok: false, message: 'checkpoint is not signed but a key ring is configured' }
       : { ok: true };
   if (!ring) return { ok: true };
   const key = ring.keys[sig.key_id];
-  if (!key) return { ok: false, reason: `signature key ${sig.key_id} is not in the current key ring` };
+  if (!key) return { ok: false, message: `signature key ${sig.key_id} is not in the current key ring` };
   const expected = createHmac('sha256', key).update(signedBytes(cp)).digest();
   const got = Buffer.from(sig.value, 'base64url');
   return got.length === expected.length && timingSafeEqual(got, expected)
     ? { ok: true }
-    : { ok: false, reason: `signature does not match (key ${sig.key_id})` };
+    : { ok: false, message: `signature does not match (key ${sig.key_id})` };
 }

@@ -24,12 +24,18 @@ export interface Lease extends Fence {
   expiresAt: Date;
 }
 
-export type AcquireResult = ({ ok: true } & Lease) | { ok: false; holder: string; expiresAt: Date };
+/** A lease taken, or `reason: 'lease_held'`: who holds it and until when (database time). */
+export type AcquireResult =
+  | ({ ok: true } & Lease)
+  | { ok: false; reason: 'lease_held'; holder: string; expiresAt: Date };
+
+/** The lease extended to `expiresAt`, or `reason: 'lease_lost'`: it expired, was taken over or released. */
+export type RenewResult = { ok: true; expiresAt: Date } | { ok: false; reason: 'lease_lost' };
 
 export interface LeaseManager {
   acquire(req: LeaseRequest): Promise<AcquireResult>;
-  /** Extends a lease that is still held; `{ ok: false }` when it expired or was taken over. */
-  renew(lease: Lease, ttlMs: number): Promise<{ ok: true; expiresAt: Date } | { ok: false }>;
+  /** Extends a lease that is still held by `ttlMs` from now (database time). */
+  renew(lease: Lease, ttlMs: number): Promise<RenewResult>;
   release(lease: Lease): Promise<void>;
   /**
    * Acquires, renews in the background at a third of the TTL, hands `fn` an AbortSignal
@@ -94,7 +100,12 @@ export function createLeaseManager(options: LeaseManagerOptions): LeaseManager {
         .where('task_id', '=', req.taskId)
         .where('branch', '=', req.branch)
         .executeTakeFirst();
-      return { ok: false, holder: held?.holder ?? '(unknown)', expiresAt: held?.expires_at ?? new Date(0) };
+      return {
+        ok: false,
+        reason: 'lease_held',
+        holder: held?.holder ?? '(unknown)',
+        expiresAt: held?.expires_at ?? new Date(0),
+      };
     },
 
     async renew(lease, ttlMs) {
@@ -105,7 +116,7 @@ export function createLeaseManager(options: LeaseManagerOptions): LeaseManager {
            AND holder IS NOT NULL AND expires_at > now()
         RETURNING expires_at
       `.execute(db);
-      return rows[0] ? { ok: true, expiresAt: rows[0].expires_at } : { ok: false };
+      return rows[0] ? { ok: true, expiresAt: rows[0].expires_at } : { ok: false, reason: 'lease_lost' };
     },
 
     async release(lease) {

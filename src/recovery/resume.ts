@@ -139,14 +139,14 @@ async function resumeHolding(taskId: string, o: ResumeOptions, lease: Lease): Pr
       chosen = all[i];
       break;
     }
-    if (v.unavailable) {
+    if (v.reason === 'unavailable') {
       throw new UnavailableError(
-        `task ${taskId}: checkpoint ${all[i]!.checkpoint.checkpoint_id} cannot be checked now (${v.reason}); ` +
+        `task ${taskId}: checkpoint ${all[i]!.checkpoint.checkpoint_id} cannot be checked now (${v.message}); ` +
           'resume stopped and wrote nothing: restore the key or its provider and run it again ' +
           '(a tenant that was crypto-shredded can never be read again: cancel its tasks instead)',
       );
     }
-    skipped.push({ checkpointId: all[i]!.checkpoint.checkpoint_id, reason: v.reason });
+    skipped.push({ checkpointId: all[i]!.checkpoint.checkpoint_id, reason: v.message });
   }
   const audit = async (patch: object, reason: string) => {
     const r = await o.store.update({

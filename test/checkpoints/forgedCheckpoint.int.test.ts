@@ -105,7 +105,7 @@ describe('a forged unsigned checkpoint (issue 14.4)', () => {
     const list = await checkpoints.list('forged-1');
     expect(list[0]!.checkpoint.checkpoint_id).toBe(forged.checkpoint_id);
     const v = await checkpoints.verify(list[0]!, list[1]);
-    expect(v).toMatchObject({ ok: false, reason: expect.stringMatching(/not signed/) });
+    expect(v).toMatchObject({ ok: false, reason: 'invalid', message: expect.stringMatching(/not signed/) });
 
     // Resumed with the real workflow: from the newest real checkpoint, the forged one audited.
     const plan = await resume('forged-1', resumeOpts(WORKFLOW));

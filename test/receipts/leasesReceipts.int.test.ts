@@ -66,7 +66,7 @@ describe('leases with fencing tokens', () => {
         .execute((t) => outbox.enqueue(t, [{ topic: 'fenced', key: 'lease-1', payload: {} }], { fence: a })),
     ).rejects.toThrow(/fencing token 1 is no longer current; nothing was enqueued/);
     expect(await tdb.db.selectFrom('outbox').select('id').execute()).toEqual([]);
-    expect(await leases.renew(a, 5000)).toEqual({ ok: false });
+    expect(await leases.renew(a, 5000)).toEqual({ ok: false, reason: 'lease_lost' });
     const ok = await store.update({
       taskId: 'lease-1',
       expectedVersion: 1,
@@ -114,7 +114,7 @@ describe('leases with fencing tokens', () => {
       await waitForLeaseExpiry(tdb.db, 'skew', 'slow');
       // By its own clock the lease has ~10 minutes left; by the database's it expired.
       expect(slow.expiresAt.getTime()).toBeGreaterThan(Date.now());
-      expect(await leases.renew(slow, 30_000)).toEqual({ ok: false });
+      expect(await leases.renew(slow, 30_000)).toEqual({ ok: false, reason: 'lease_lost' });
       await expect(
         store.update({
           taskId: 'skew',

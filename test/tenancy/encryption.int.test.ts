@@ -184,7 +184,7 @@ describe('encryption at rest (AES-256-GCM, per-tenant data keys)', () => {
     const list = await checkpointer.list('enc-1');
     const v = await checkpointer.verify(list[0]!, list[1]);
     expect(v.ok).toBe(false);
-    if (!v.ok) expect(v.reason).toMatch(/data key dk-.* of tenant enc-a does not exist/);
+    if (!v.ok) expect(v.message).toMatch(/data key dk-.* of tenant enc-a does not exist/);
     await expect(createReceiptStore({ db: t.db, keys }).byTask('enc-1')).rejects.toThrow(/does not exist/);
   });
 
