@@ -25,6 +25,10 @@ const ReplayInput = z.strictObject({
   tenantId: z.string().optional(),
 });
 
+/**
+ * A message the inbox consumer gave up on: where it came from, the last error, its
+ * attempts, and whether it was replayed.
+ */
 export interface DeadLetter {
   consumer_group: string;
   message_id: string;
@@ -37,6 +41,7 @@ export interface DeadLetter {
   replayed_at: Date | null;
 }
 
+/** The dead letters recorded for a consumer group (or every group), newest first. */
 export async function listDeadLetters(db: Db, groupId?: string): Promise<DeadLetter[]> {
   if (groupId !== undefined)
     parseOptions('dead letter filter', z.object({ groupId: ConsumerGroupId }), { groupId });

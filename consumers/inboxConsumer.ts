@@ -14,6 +14,10 @@ import { appliedBy, inboxKey, insertInboxRows } from './sql/insertInboxRows.js';
 import { pruneInbox } from './sql/pruneInbox.js';
 import { recordDeadLetter } from './sql/recordDeadLetter.js';
 
+/**
+ * A message as the handler sees it: Kafka's coordinates and bytes, and what Cairn's headers
+ * say about it.
+ */
 export interface InboxMessage {
   /** The `cairn-message-id` header, or topic:partition:offset for messages from outside Cairn. */
   messageId: string;
@@ -31,6 +35,7 @@ export interface InboxMessage {
   taskVersion: number | undefined;
   /** The message's place among the messages of that change (`cairn-task-seq`), from 0. */
   taskSeq: number;
+  /** The value parsed as JSON (null for an empty value). */
   json<T = unknown>(): T;
 }
 
@@ -42,6 +47,7 @@ export interface InboxMessage {
  */
 export type InboxHandler = (trx: Trx, message: InboxMessage) => Promise<void>;
 
+/** What createInboxConsumer takes. */
 export interface InboxConsumerOptions {
   db: Db;
   subscriber: Subscriber;
@@ -90,6 +96,7 @@ export interface InboxTestHooks {
   afterDbCommit?(commits: number): void;
 }
 
+/** Counters of a running inbox consumer (for metrics and tests). */
 export interface InboxStats {
   applied: number;
   duplicates: number;
@@ -100,13 +107,22 @@ export interface InboxStats {
   offsetCommitFailures: number;
 }
 
+/**
+ * Applies each message once, in the handler's transaction, and commits offsets only after
+ * that transaction did.
+ */
 export interface InboxConsumer {
   /**
    * Resolves once consuming has started. It first waits for Postgres, then for the broker
    * (capped backoff, logged with the address); a configuration error is thrown.
    */
   run(): Promise<void>;
+  /**
+   * Stops consuming, leaves the group and disconnects the dead-letter publisher; a run()
+   * waiting for a dependency returns.
+   */
   stop(): Promise<void>;
+  /** A copy of the counters now. */
   stats(): InboxStats;
   /** What run() is waiting for because it did not answer yet; null once both did (or before run()). */
   waitingFor(): Dependency | null;
@@ -135,6 +151,7 @@ export function toInboxMessage(m: ReceivedMessage): InboxMessage {
   };
 }
 
+/** Makes an inbox consumer; nothing connects until run(). Call stop() to end it. */
 export function createInboxConsumer(options: InboxConsumerOptions): InboxConsumer {
   return createInboxConsumerWithTestHooks(options, {});
 }

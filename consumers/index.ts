@@ -2,6 +2,8 @@
  * `@cairn-state/cairn/inbox`: inbox consumers that apply each message once, in the
  * handler's transaction, and their dead letters. What this file exports is public;
  * everything else under consumers/ is internal. See docs/api.md.
+ *
+ * @module @cairn-state/cairn/inbox
  */
 export {
   type CreateTopicsOptions,

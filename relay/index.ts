@@ -1,6 +1,8 @@
 /**
  * `@cairn-state/cairn/relay`: publishes the outbox to Kafka, in order per key. What this
  * file exports is public; everything else under relay/ is internal. See docs/api.md.
+ *
+ * @module @cairn-state/cairn/relay
  */
 export {
   createKafkaPublisher,

@@ -37,6 +37,10 @@ class PublishFailed extends CairnError {
   }
 }
 
+/**
+ * Makes a relay; nothing connects until run(). Call stop() to end it (it holds the lanes,
+ * the publisher and a LISTEN connection).
+ */
 export function createRelay(options: RelayOptions): Relay {
   return createRelayWithTestHooks(options, {});
 }

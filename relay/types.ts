@@ -2,6 +2,7 @@ import type { Db } from '../src/db/database.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import type { Logger } from '../src/logger.js';
 
+/** What createRelay takes. */
 export interface RelayOptions {
   db: Db;
   publisher: Publisher;
@@ -45,6 +46,7 @@ export interface RelayTestHooks {
   beforeIsolatedPublish?(messageId: string): void | Promise<void>;
 }
 
+/** Counters of a running relay (for metrics and tests). */
 export interface RelayStats {
   published: number;
   batches: number;
@@ -60,6 +62,10 @@ export interface RelayStats {
   waitingFor: 'postgres' | 'kafka' | null;
 }
 
+/**
+ * Publishes the outbox to Kafka in order per key, sharing lanes with the other relays;
+ * `stop()` releases them.
+ */
 export interface Relay {
   readonly instanceId: string;
   /**
@@ -68,6 +74,11 @@ export interface Relay {
    * address); a configuration error (credentials refused, no such database) rejects it.
    */
   run(): Promise<void>;
+  /**
+   * Stops after the batch in flight; resolves once the lanes are released and the publisher
+   * disconnected.
+   */
   stop(): Promise<void>;
+  /** A copy of the counters now. */
   stats(): RelayStats;
 }

@@ -1,7 +1,10 @@
 /**
  * `@cairn-state/cairn`: the library. What this file exports is public and follows semver;
  * every other module is internal and may change. The relay is `@cairn-state/cairn/relay`,
- * inbox consumers are `@cairn-state/cairn/inbox`. Each name is described in docs/api.md.
+ * inbox consumers are `@cairn-state/cairn/inbox`. Each name is described in docs/api.md and
+ * carries TSDoc, from which `npm run docs:api` builds the API reference.
+ *
+ * @module @cairn-state/cairn
  */
 
 export {
@@ -12,7 +15,9 @@ export {
   type TakeCheckpointInput,
   type Verification,
 } from './checkpoints/checkpoints.js';
+export type { Classification, FieldClass } from './checkpoints/classification.js';
 export type { KeyRing } from './checkpoints/signing.js';
+export type { SnapshotStore, StoredSnapshot } from './checkpoints/snapshotStore.js';
 // Tenant keys, retention and legal hold.
 export { type KeyProvider, localKeyring, writeKeyring } from './crypto/keyProvider.js';
 export { createTenantKeys, type TenantKeys, type TenantKeysOptions } from './crypto/tenantKeys.js';
@@ -64,6 +69,7 @@ export { HEADER } from './outbox/wire.js';
 export {
   createReceiptStore,
   type EffectContext,
+  type GateRecord,
   idempotencyKeyOf,
   type ReceiptRow,
   type ReceiptStore,
@@ -75,9 +81,13 @@ export {
 } from './receipts/receipts.js';
 // Regional failover.
 export {
+  type AppliedEffect,
   checkAfterFailover,
   type FailoverCheckOptions,
   type FailoverReport,
+  type LostConsumption,
+  type LostTransition,
+  type MissingReceipt,
   quarantine,
   releaseQuarantine,
 } from './recovery/failover.js';

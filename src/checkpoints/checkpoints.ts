@@ -29,6 +29,10 @@ import { assertNoCredentials } from './secrets.js';
 import { type KeyRing, sign, signedBytes, verifySignature } from './signing.js';
 import { createPgSnapshotStore, type SnapshotStore } from './snapshotStore.js';
 
+/**
+ * A checkpoint to take: the task state, why, by whom, and the digests and ids that tie it
+ * to its inputs and outputs.
+ */
 export interface TakeCheckpointInput {
   state: TaskState;
   reason: string;
@@ -40,6 +44,7 @@ export interface TakeCheckpointInput {
   policyVersion?: string;
 }
 
+/** A checkpoint as listed: the document, its place in the task's chain and its digest. */
 export interface StoredCheckpoint {
   checkpoint: Checkpoint;
   seq: number;
@@ -65,6 +70,10 @@ export type Verification =
 
 const invalid = (message: string): Verification => ({ ok: false, reason: 'invalid', message });
 
+/**
+ * Takes signed, chained snapshots of a task at semantic boundaries, and verifies them for
+ * resume.
+ */
 export interface Checkpointer {
   /** Takes a checkpoint inside `trx`, the transaction of the change that crossed the boundary. */
   take(trx: Trx, input: TakeCheckpointInput): Promise<Checkpoint>;
@@ -74,6 +83,7 @@ export interface Checkpointer {
   verify(stored: StoredCheckpoint, previous: StoredCheckpoint | undefined): Promise<Verification>;
 }
 
+/** What createCheckpointer takes. */
 export interface CheckpointerOptions {
   db: Db;
   snapshots?: SnapshotStore;
@@ -102,6 +112,7 @@ export interface CheckpointerTestHooks {
   afterInsert?(): void;
 }
 
+/** Makes a Checkpointer. It holds no connection or timer of its own, so it has nothing to close. */
 export function createCheckpointer(options: CheckpointerOptions): Checkpointer {
   return createCheckpointerWithTestHooks(options, {});
 }

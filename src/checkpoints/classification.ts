@@ -2,6 +2,10 @@ import type { DataClass } from '../db/types.js';
 import { CairnError, ValidationError } from '../errors.js';
 import type { TaskState } from '../schemas/taskState.js';
 
+/**
+ * How sensitive a field is: `public`, `internal`, `confidential` (stored encrypted) or
+ * `secret` (never stored).
+ */
 export type FieldClass = DataClass | 'secret';
 
 /**

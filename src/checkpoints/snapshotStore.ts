@@ -3,6 +3,7 @@ import type { Db } from '../db/database.js';
 import type { Executor, Trx } from '../db/executor.js';
 import { ValidationError } from '../errors.js';
 
+/** Snapshot bytes as a SnapshotStore returns them, with the key and tenant they were sealed for. */
 export interface StoredSnapshot {
   bytes: Buffer;
   /** The tenant data key that encrypted `bytes`, or null when they are in the clear. */
@@ -15,7 +16,12 @@ export interface StoredSnapshot {
  * a file or object store can implement the same two calls.
  */
 export interface SnapshotStore {
+  /**
+   * Stores the bytes (in `trx` when the store is transactional) and returns the URI the
+   * checkpoint records.
+   */
   put(trx: Trx, taskId: string, bytes: Buffer, meta?: { keyId?: string }): Promise<string>;
+  /** The bytes behind a URI put() returned, or undefined when they are gone. */
   get(uri: string, db?: Executor): Promise<StoredSnapshot | undefined>;
 }
 

@@ -12,7 +12,9 @@ import { assertOwnerOnly, replaceKeyringFile } from './keyringFile.js';
 export interface KeyProvider {
   /** The KEK new data keys are wrapped with, and that rotation rewraps to. */
   currentKekId(): Promise<string>;
+  /** Encrypts a data key under a KEK, bound to `context`. */
   wrap(kekId: string, dataKey: Buffer, context: string): Promise<Buffer>;
+  /** Decrypts a data key wrapped by wrap() with the same KEK and context. */
   unwrap(kekId: string, wrapped: Buffer, context: string): Promise<Buffer>;
 }
 

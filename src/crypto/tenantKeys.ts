@@ -21,7 +21,9 @@ export interface Sealed {
 export interface TenantKeys {
   /** Registers the tenant (if new) and gives it a data key (if it has none). Owner connection. */
   addTenant(tenantId: string): Promise<{ keyId: string; created: boolean }>;
+  /** Encrypts `plaintext` under the tenant's current data key, bound to `aad`. */
   seal(tenantId: string, plaintext: Buffer, aad: string, ex?: Executor): Promise<Sealed>;
+  /** Decrypts what seal() returned, with the key it names (refused for another tenant's key). */
   open(tenantId: string, keyId: string, bytes: Buffer, aad: string, ex?: Executor): Promise<Buffer>;
   /** Rewraps every data key not under the provider's current KEK; returns how many. */
   rewrapAll(): Promise<{ rewrapped: number; kekId: string }>;
@@ -42,6 +44,10 @@ const TenantKeysOptionsSchema = optionsSchema<TenantKeysOptions>()(
   }),
 );
 
+/**
+ * Makes TenantKeys: per-tenant data keys stored wrapped in the database and unwrapped by
+ * the provider (cached in memory). It holds no connection of its own.
+ */
 export function createTenantKeys(options: TenantKeysOptions): TenantKeys {
   const { db, provider } = parseOptions('tenant keys options', TenantKeysOptionsSchema, options);
   const unwrapped = new Map<string, { tenantId: string; key: Buffer }>();

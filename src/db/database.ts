@@ -119,7 +119,15 @@ export interface ExistingPoolOptions extends CommonDbOptions {
   connectionString?: never;
 }
 
+/**
+ * How createDb connects: a connection string (Cairn makes and owns the pool) or your
+ * existing pg.Pool.
+ */
 export type DbOptions = ConnectionStringOptions | ExistingPoolOptions;
+/**
+ * Cairn's database handle: a kysely instance over a pg pool, typed with Cairn's tables.
+ * `db.destroy()` closes it.
+ */
 export type Db = Kysely<Database>;
 
 /** Each database's address with the password redacted, for log lines (see databaseAddress). */

@@ -115,18 +115,23 @@ export function createPool(o: PoolSettings): PostgresPool {
  * taken from @types/pg so that Cairn's declarations need nothing Cairn does not ship.
  */
 export interface PgPool {
+  /** Checks a client out of the pool. */
   connect(): Promise<PgPoolClient>;
+  /** Ends the pool (only called with `endPoolOnDestroy: true`). */
   end(): Promise<void>;
 }
 
 /** What Cairn needs of a client checked out of a {@link PgPool}; a `pg.PoolClient` is one. */
 export interface PgPoolClient {
+  /** Runs one query; Cairn passes its own type parsers in `types`. */
   query(config: {
     text: string;
     values?: unknown[];
     types?: TypeParsers;
   }): Promise<{ command: string; rowCount: number | null; rows: unknown[] }>;
+  /** Returns the client to the pool (or destroys it). */
   release(destroy?: boolean): void;
+  /** Listens for the error a backend dying under a checked-out client raises. */
   on(event: 'error', listener: (err: Error) => void): unknown;
 }
 

@@ -251,6 +251,7 @@ export interface TaskQuarantineTable {
   released_at: Date | null;
 }
 
+/** Cairn's tables and their column types, as kysely sees them (kept in step with the migrations). */
 export interface Database {
   task_quarantine: TaskQuarantineTable;
   tenant: TenantTable;

@@ -1,6 +1,7 @@
 import type { Admin } from 'kafkajs';
 import { TopicMissingError } from '../errors.js';
 
+/** How to create the topics a subscriber finds missing. */
 export interface CreateTopicsOptions {
   numPartitions: number;
   /** Default: the broker's `default.replication.factor`. */

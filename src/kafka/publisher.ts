@@ -3,6 +3,7 @@ import { z } from 'zod';
 import { CairnError, CairnErrorCodes } from '../errors.js';
 import { opt, optionsSchema, parseOptions } from '../options.js';
 
+/** One message to publish: topic, key, bytes and headers. */
 export interface PublishMessage {
   topic: string;
   key: string;
@@ -17,9 +18,11 @@ export interface PublishMessage {
 export interface Publisher {
   /** Where it connects (the bootstrap brokers), for log lines. */
   readonly address: string;
+  /** Connects to the brokers (again, after disconnect()). */
   connect(): Promise<void>;
   /** Resolves once the broker acknowledged every message (acks=all), in order per partition. */
   publish(messages: readonly PublishMessage[]): Promise<void>;
+  /** Closes the connection; connect() may be called again. */
   disconnect(): Promise<void>;
 }
 
@@ -57,6 +60,10 @@ const KafkaPublisherOptionsSchema = optionsSchema<KafkaPublisherOptions>()(
   }),
 );
 
+/**
+ * Makes a kafkajs Publisher (idempotent producer, acks=all); nothing connects until
+ * connect(), and disconnect() closes it.
+ */
 export function createKafkaPublisher(options: KafkaPublisherOptions): Publisher {
   const opts = parseOptions('Kafka publisher options', KafkaPublisherOptionsSchema, options);
   const kafka = kafkaClient(opts.brokers, opts.clientId ?? 'cairn-relay');

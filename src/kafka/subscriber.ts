@@ -9,6 +9,7 @@ import { kafkaClient } from './publisher.js';
 
 export type { CreateTopicsOptions } from './ensureTopics.js';
 
+/** One message as the broker delivered it. */
 export interface ReceivedMessage {
   topic: string;
   partition: number;
@@ -18,12 +19,14 @@ export interface ReceivedMessage {
   headers: Record<string, string>;
 }
 
+/** The messages of one partition in one fetch, in order. */
 export interface ReceivedBatch {
   topic: string;
   partition: number;
   messages: readonly ReceivedMessage[];
   /** False once the partition was revoked or the consumer is stopping: stop and commit nothing. */
   isActive(): boolean;
+  /** Tells the group coordinator this consumer is alive during a long batch. */
   heartbeat(): Promise<void>;
   /** Moves the client's read position past `offset` (in memory; commit() makes it durable). */
   resolveOffset(offset: string): void;
@@ -46,6 +49,7 @@ export interface Subscriber {
   waiting(): boolean;
   /** Commits `nextOffset` (the offset of the next message to read) for one partition. */
   commit(topic: string, partition: number, nextOffset: string): Promise<void>;
+  /** Stops consuming and leaves the group; ends a run() still waiting for the broker. */
   stop(): Promise<void>;
 }
 
@@ -92,6 +96,10 @@ const KafkaSubscriberOptionsSchema = optionsSchema<KafkaSubscriberOptions>()(
   }),
 );
 
+/**
+ * Makes a kafkajs Subscriber for one consumer group; nothing connects until run(), and
+ * stop() closes it.
+ */
 export function createKafkaSubscriber(options: KafkaSubscriberOptions): Subscriber {
   const opts = parseOptions('Kafka subscriber options', KafkaSubscriberOptionsSchema, options);
   const { createTopics } = opts;

@@ -10,6 +10,7 @@ import type { Fence } from './sql/fenceCheck.js';
 
 export type { Fence };
 
+/** A lease to take: the (task, branch) it covers, who takes it, and for how long. */
 export interface LeaseRequest {
   taskId: string;
   branch: string;
@@ -18,6 +19,10 @@ export interface LeaseRequest {
   ttlMs: number;
 }
 
+/**
+ * A lease held: its fence (pass it to writes as `fence`), its id, its holder and when it
+ * expires by the database clock.
+ */
 export interface Lease extends Fence {
   leaseId: string;
   agentId: string;
@@ -32,10 +37,16 @@ export type AcquireResult =
 /** The lease extended to `expiresAt`, or `reason: 'lease_lost'`: it expired, was taken over or released. */
 export type RenewResult = { ok: true; expiresAt: Date } | { ok: false; reason: 'lease_lost' };
 
+/** Takes, renews and releases task leases; expiry is judged by the database clock only. */
 export interface LeaseManager {
+  /**
+   * Takes the lease if it is free or its holder's lease expired, raising the fencing token;
+   * else says who holds it.
+   */
   acquire(req: LeaseRequest): Promise<AcquireResult>;
   /** Extends a lease that is still held by `ttlMs` from now (database time). */
   renew(lease: Lease, ttlMs: number): Promise<RenewResult>;
+  /** Gives the lease up at once (a no-op if it was already lost). */
   release(lease: Lease): Promise<void>;
   /**
    * Acquires, renews in the background at a third of the TTL, hands `fn` an AbortSignal

@@ -17,6 +17,10 @@ export const TopicName = z
 
 const TRACEPARENT = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/;
 
+/**
+ * A message to publish: its topic, key, JSON or bytes payload and headers of your own (no
+ * `cairn-*` name: those are Cairn's).
+ */
 export const OutboxMessageInput = z.strictObject({
   topic: TopicName,
   /** Partition key; defaults to the task id when enqueued through a task update. */
@@ -32,6 +36,10 @@ export const OutboxMessageInput = z.strictObject({
     .regex(TRACEPARENT, { message: 'must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)' })
     .optional(),
 });
+/**
+ * A message to publish: its topic, key, payload and headers of your own; enqueue it in your
+ * transaction.
+ */
 export type OutboxMessageInput = z.input<typeof OutboxMessageInput>;
 
 export interface OutboxRow {

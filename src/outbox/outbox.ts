@@ -12,6 +12,10 @@ import {
   prepareMessage,
 } from './message.js';
 
+/**
+ * Writes messages in the caller's transaction, so that they are published if and only if it
+ * commits.
+ */
 export interface Outbox {
   /**
    * Validates messages and turns them into rows, without writing: throws ValidationError
@@ -28,6 +32,10 @@ export interface Outbox {
   enqueue(trx: Executor, messages: readonly OutboxMessageInput[], ctx?: EnqueueContext): Promise<string[]>;
 }
 
+/**
+ * Where enqueued messages come from: the lease they rely on, their default key, and the
+ * task change (id, version, tenant) they belong to.
+ */
 export interface EnqueueContext {
   /** Refuse (LeaseLostError) unless this lease is still current; checked in the same transaction. */
   fence?: Fence;
@@ -40,6 +48,7 @@ export interface EnqueueContext {
 /** The channel `notify` signals and relays with `wakeOnNotify` listen on. */
 export const OUTBOX_CHANNEL = 'cairn_outbox';
 
+/** What createOutbox takes. */
 export interface OutboxOptions {
   /** zod schema per topic; a JSON payload for that topic must match it. */
   schemas?: Record<string, z.ZodType>;
@@ -59,6 +68,10 @@ const OutboxOptionsSchema = optionsSchema<OutboxOptions>()(
   }),
 );
 
+/**
+ * Makes an Outbox. It holds no connection of its own (it writes with the executor each call
+ * is given), so it has nothing to close.
+ */
 export function createOutbox(input: OutboxOptions = {}): Outbox {
   const options = parseOptions('outbox options', OutboxOptionsSchema, input);
   const schemas = new Map(Object.entries(options.schemas ?? {}));

@@ -9,6 +9,10 @@
 
 import { CairnError, CairnErrorCodes } from '../errors.js';
 
+/**
+ * The `cairn-*` headers the relay puts on every message, from the outbox row's columns:
+ * what each means and who sets it is docs/wire.md.
+ */
 export const HEADER = {
   /** The message id (outbox.message_id): what inboxes deduplicate on, per tenant. */
   messageId: 'cairn-message-id',

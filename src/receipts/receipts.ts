@@ -28,6 +28,7 @@ import type {
 
 export type {
   EffectContext,
+  GateRecord,
   ReceiptRow,
   ReceiptStore,
   ReceiptStoreOptions,
@@ -37,6 +38,10 @@ export type {
   UncertainPolicy,
 } from './types.js';
 
+/**
+ * The idempotency key of (task, step, tool, args): a sha256 over their canonical JSON, the
+ * same on every worker.
+ */
 export function idempotencyKeyOf(a: { taskId: string; step: string; tool: string; args: unknown }): string {
   try {
     return sha256(canonicalBytes({ task_id: a.taskId, step: a.step, tool: a.tool, args: a.args ?? null }));
@@ -65,6 +70,7 @@ const COLUMNS = [
   'finished_at',
 ] as const;
 
+/** Makes a ReceiptStore. It holds no connection or timer of its own, so it has nothing to close. */
 export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
   return createReceiptStoreWithTestHooks(options, {});
 }

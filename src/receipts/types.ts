@@ -7,8 +7,16 @@ import type { Fence } from '../leases/sql/fenceCheck.js';
 import type { Logger } from '../logger.js';
 import type { TaskStore } from '../state/taskStore.js';
 
+/**
+ * What to do with a receipt a dead worker left `started`: compensate the effect, gate it
+ * for a human, or retry it (idempotent tools only).
+ */
 export type UncertainPolicy = 'compensate' | 'gate' | 'retry';
 
+/**
+ * What an effect is handed: the idempotency key to pass to the external API, its receipt
+ * and attempt.
+ */
 export interface EffectContext {
   /** Deterministic for (task, step, tool, canonical args): pass it to the external API as its idempotency key. */
   idempotencyKey: string;
@@ -16,11 +24,16 @@ export interface EffectContext {
   attempt: number;
 }
 
+/**
+ * A side effect to run once per (task, step, tool, args), and what to do when an earlier
+ * attempt's outcome is unknown.
+ */
 export interface RunOnceInput<T> {
   taskId: string;
   step: string;
   tool: string;
   args: unknown;
+  /** The side effect; it gets the idempotency key to pass on. */
   effect: (ctx: EffectContext) => Promise<T>;
   /** What to do with a receipt left `started` by a worker that died: never a blind retry. */
   onUncertain: UncertainPolicy;
@@ -45,11 +58,16 @@ export interface GateRecord {
   fence?: Fence;
 }
 
+/** Which receipt a result is about: its id and its idempotency key. */
 export interface Ref {
   receiptId: string;
   idempotencyKey: string;
 }
 
+/**
+ * How runOnce ended: succeeded (`ran` false when an earlier call did it), failed, in
+ * progress under another worker, compensated, or gated for a human.
+ */
 export type RunOnceResult<T> =
   | (Ref & { status: 'succeeded'; result: T; ran: boolean })
   | (Ref & { status: 'failed'; error: string })
@@ -57,6 +75,10 @@ export type RunOnceResult<T> =
   | (Ref & { status: 'compensated'; compensationReceiptId: string })
   | (Ref & { status: 'gated' });
 
+/**
+ * A tool receipt as stored: one per idempotency key, with its status, attempt, worker and
+ * outcome.
+ */
 export interface ReceiptRow {
   receipt_id: string;
   idempotency_key: string;
@@ -74,9 +96,19 @@ export interface ReceiptRow {
   finished_at: Date | null;
 }
 
+/**
+ * Runs side effects at most once per idempotency key, with a receipt committed before the
+ * effect and its outcome after.
+ */
 export interface ReceiptStore {
+  /**
+   * Runs the effect unless a receipt for its key says it ran, runs or may have run; see
+   * RunOnceResult.
+   */
   runOnce<T>(input: RunOnceInput<T>): Promise<RunOnceResult<T>>;
+  /** The receipt of an idempotency key, if any. */
   byKey(idempotencyKey: string): Promise<ReceiptRow | undefined>;
+  /** Every receipt of a task, oldest first. */
   byTask(taskId: string): Promise<ReceiptRow[]>;
   /**
    * For resume: settles every receipt of a task. Succeeded ones are skipped; ones left started
@@ -97,8 +129,13 @@ export interface ReceiptStore {
   ): Promise<void>;
 }
 
+/**
+ * What reconcile did with a receipt: skipped (succeeded), may run (failed), in progress,
+ * compensated, gated, or already settled.
+ */
 export type ReconcileAction = 'skip' | 'may_run' | 'in_progress' | 'compensated' | 'gated' | 'settled';
 
+/** What createReceiptStore takes. */
 export interface ReceiptStoreOptions {
   db: Db;
   logger?: Logger;

@@ -40,6 +40,10 @@ export interface LostConsumption {
   messageId: string;
 }
 
+/**
+ * What checkAfterFailover found: transitions and consumptions the broker saw that the
+ * database lost, effects without receipts, and the tasks to hold.
+ */
 export interface FailoverReport {
   lostTransitions: LostTransition[];
   lostConsumptions: LostConsumption[];
@@ -321,6 +325,10 @@ export async function quarantine(
   return Number(r.numInsertedOrUpdatedRows ?? 0);
 }
 
+/**
+ * Releases a task's quarantine (recording who did it); returns how many holds were released
+ * (0 or 1).
+ */
 export async function releaseQuarantine(db: Db, taskId: string, actor: string): Promise<number> {
   const r = await db
     .updateTable('task_quarantine')

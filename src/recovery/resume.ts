@@ -28,6 +28,10 @@ export function parsePolicy(input: unknown, what = 'resume policy'): Policy {
   return r.data;
 }
 
+/**
+ * What resume needs: the stores it reads and writes, the workflow definition and policy to
+ * check against, and who is resuming.
+ */
 export interface ResumeOptions {
   db: Db;
   store: TaskStore;
@@ -38,6 +42,10 @@ export interface ResumeOptions {
   workflowDefinition: unknown;
   /** Other digests declared compatible with this definition (for example after a cosmetic change). */
   compatibleDigests?: readonly string[];
+  /**
+   * Reads the current policy (from a file, a service): called once per resume, never taken
+   * from the checkpoint.
+   */
   policy: () => Promise<Policy>;
   /** SPIFFE ID written on the audit rows resume causes. */
   actor: string;
@@ -45,9 +53,18 @@ export interface ResumeOptions {
   /** Time to live of the task lease resume takes, in milliseconds (default 30 000). */
   leaseTtlMs?: number;
   branch?: string;
+  /**
+   * Compensations per tool name, for receipts a dead worker left uncertain; without one the
+   * receipt is gated.
+   */
   compensators?: Record<string, (ctx: EffectContext) => Promise<unknown>>;
 }
 
+/**
+ * What resume did: the checkpoint it resumed from (and the newer ones it skipped, with
+ * why), the budget, how each receipt was settled, where the pending messages are, and the
+ * lease it now holds.
+ */
 export interface ResumePlan {
   taskId: string;
   outcome: 'resumed' | 'failed' | 'terminal';
@@ -62,20 +79,11 @@ export interface ResumePlan {
   state: TaskState;
 }
 
+/** The sha256 of a workflow definition's canonical JSON, as checkpoints record it. */
 export function workflowDigestOf(definition: unknown): string {
   return sha256(canonicalBytes(definition));
 }
 
-/**
- * Resumes a task after its worker died: take the task's lease first (nothing is written to
- * the task before, and every write after carries it as a fence, so a live or slow worker's
- * task is never changed under it), verify the newest checkpoint (falling back to older ones,
- * audited), check the workflow definition, re-authorize against the current policy and
- * re-reserve budget under it, settle side effects from receipts, and report where the
- * pending messages are. A checkpoint that cannot be read because a key or its provider is
- * unavailable stops the resume (UnavailableError, lease released, nothing written): an outage
- * is never taken for corruption. On any error the lease is released.
- */
 const ResumeOptionsSchema = optionsSchema<ResumeOptions>()(
   z.strictObject({
     db: opt.db(),
@@ -94,6 +102,16 @@ const ResumeOptionsSchema = optionsSchema<ResumeOptions>()(
   }),
 );
 
+/**
+ * Resumes a task after its worker died: take the task's lease first (nothing is written to
+ * the task before, and every write after carries it as a fence, so a live or slow worker's
+ * task is never changed under it), verify the newest checkpoint (falling back to older ones,
+ * audited), check the workflow definition, re-authorize against the current policy and
+ * re-reserve budget under it, settle side effects from receipts, and report where the
+ * pending messages are. A checkpoint that cannot be read because a key or its provider is
+ * unavailable stops the resume (UnavailableError, lease released, nothing written): an outage
+ * is never taken for corruption. On any error the lease is released.
+ */
 export async function resume(taskId: string, options: ResumeOptions): Promise<ResumePlan> {
   const o = parseOptions('resume options', ResumeOptionsSchema, options);
   const first = await o.store.get(taskId);

@@ -5,6 +5,10 @@ import type { Db } from '../db/database.js';
 import { assertTenantKnown } from '../db/tenant.js';
 import { CairnError, NotFoundError, ValidationError } from '../errors.js';
 
+/**
+ * A legal hold on a task or a whole tenant: while active, retention skips its data and the
+ * database refuses to delete it.
+ */
 export interface Hold {
   holdId: string;
   tenantId: string;
@@ -118,6 +122,7 @@ export async function releaseHold(
   return Number(r.numUpdatedRows);
 }
 
+/** The active legal holds (every hold with `all`), of one tenant or of all. */
 export async function listHolds(db: Db, o: { tenantId?: string; all?: boolean } = {}): Promise<Hold[]> {
   let q = db.selectFrom('legal_hold').selectAll().orderBy('placed_at');
   if (!o.all) q = q.where('released_at', 'is', null);

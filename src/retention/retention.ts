@@ -60,6 +60,10 @@ export interface DeletedTask {
   annotations: number;
 }
 
+/**
+ * A deletion certificate: what one batch of retention removed (counts and digests per task)
+ * and the sha256 of that body.
+ */
 export interface Certificate {
   certificateId: string;
   runId: string;
@@ -75,6 +79,10 @@ export interface Certificate {
   digest: string;
 }
 
+/**
+ * What one retention run did: its certificates, the tasks deleted, held and deferred, and
+ * totals per table.
+ */
 export interface RetentionRun {
   runId: string;
   dryRun: boolean;
@@ -91,6 +99,10 @@ export interface RetentionRun {
   totals: Record<string, number>;
 }
 
+/**
+ * What runRetention takes: who runs it, for which tenant (default: every tenant with a
+ * policy), the batch size and whether it is a dry run.
+ */
 export interface RetentionOptions {
   db: Db;
   actor: string;

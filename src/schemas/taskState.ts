@@ -8,6 +8,10 @@ import { z } from 'zod';
 export const TASK_STATE_V1 = 'oaies.task-state.v1';
 export const TASK_STATE_V2 = 'oaies.task-state.v2';
 
+/**
+ * Every status a task can have, in workflow order; `complete`, `cancelled` and `failed` are
+ * terminal.
+ */
 export const STATUSES = [
   'planning',
   'implementing',
@@ -26,6 +30,7 @@ export const V1_STATUSES = [
   'complete',
   'failed',
 ] as const;
+/** The gates a task passes on its way (each a boolean in `gates`). */
 export const GATES = [
   'plan_approved',
   'implementation_complete',
@@ -35,7 +40,9 @@ export const GATES = [
   'deployment_approved',
 ] as const;
 
+/** One of STATUSES. */
 export type TaskStatus = (typeof STATUSES)[number];
+/** One of GATES. */
 export type GateName = (typeof GATES)[number];
 
 /** `spiffe://<trust-domain>/<path>`: trust domain in lower case, a non-empty path. */
@@ -116,6 +123,10 @@ export const TaskStateV2 = z.strictObject({
   workflow_digest: Sha256Digest.nullable(),
   intent_id: z.string().min(1).max(200).nullable(),
 });
+/**
+ * The task document (schema oaies.task-state.v2): status, gates, artifacts, budget, active
+ * agents and its version.
+ */
 export type TaskState = z.infer<typeof TaskStateV2>;
 
 export const TaskStateV1 = z.strictObject({

@@ -10,7 +10,7 @@ import { mapSqlError, rethrowMapped, SqlState, sqlState } from '../db/sqlstate.j
 import { CairnError, LeaseLostError, NotFoundError, StaleWriteError, ValidationError } from '../errors.js';
 import { type Fence, holdsFence } from '../leases/sql/fenceCheck.js';
 import { type Logger, silentLogger } from '../logger.js';
-import { parseOptions } from '../options.js';
+import { objectWith, opt, optionsSchema, parseOptions } from '../options.js';
 import type { OutboxMessageInput } from '../outbox/message.js';
 import { createOutbox, type Outbox } from '../outbox/outbox.js';
 import { NewTask, TaskPatch } from '../schemas/taskPatch.js';
@@ -30,29 +30,53 @@ import { assertChangeAllowed } from './rules.js';
 import { casUpdate } from './sql/casUpdate.js';
 import { DEFAULT_REQUIRED_GATES } from './transitions.js';
 
-const StoreOptions = z.strictObject({
-  db: z.custom<Db>((v) => typeof v === 'object' && v !== null, 'a kysely instance from createDb'),
-  logger: z.custom<Logger>().optional(),
-  requiredGates: z.array(z.enum(GATES)).default([...DEFAULT_REQUIRED_GATES]),
+/** What createTaskStore takes. */
+export interface TaskStoreOptions {
+  db: Db;
+  logger?: Logger;
+  /** Gates that must be true before a task may be `complete` (default: plan, implementation, review). */
+  requiredGates?: GateName[];
   /** Source of `updated_at` in documents; the audit row's `at` always comes from the database. */
-  clock: z.custom<() => Date>((v) => typeof v === 'function').default(() => () => new Date()),
-  /** How many recently seen documents to keep to save a read before a CAS. */
-  cacheSize: z.number().int().nonnegative().default(10_000),
+  clock?: () => Date;
+  /** How many recently seen documents to keep to save a read before a CAS (default 10 000). */
+  cacheSize?: number;
   /** Where messages passed to update() go; a default outbox (no payload schemas) if omitted. */
-  outbox: z.custom<Outbox>().optional(),
+  outbox?: Outbox;
   /** Takes checkpoints at semantic boundaries, in the transaction of the change. */
-  checkpointer: z.custom<Checkpointer>().optional(),
+  checkpointer?: Checkpointer;
   /**
    * Tenant data keys: confidential artifacts are then stored encrypted in the task document
-   * and its audit log (src/state/fieldCrypto.ts), classified by `classification`
-   * (DEFAULT_CLASSIFICATION: every artifact confidential).
+   * and its audit log, classified by `classification` (by default every artifact is
+   * confidential).
    */
-  keys: z.custom<TenantKeys>((v) => typeof v === 'object' && v !== null).optional(),
+  keys?: TenantKeys;
   /** Field classes of the task document; without keys, a confidential artifact is refused. */
-  classification: z.custom<Classification>((v) => typeof v === 'object' && v !== null).optional(),
-});
-export type TaskStoreOptions = z.input<typeof StoreOptions>;
+  classification?: Classification;
+}
 
+const StoreOptions = optionsSchema<TaskStoreOptions>()(
+  z.strictObject({
+    db: opt.db(),
+    logger: opt.logger(),
+    requiredGates: z.array(z.enum(GATES)).default([...DEFAULT_REQUIRED_GATES]),
+    clock: opt.fn<() => Date>().default(() => () => new Date()),
+    cacheSize: z.number().int().nonnegative().default(10_000),
+    outbox: objectWith<Outbox>('an Outbox (createOutbox())', 'enqueue', 'prepare', 'insert').optional(),
+    checkpointer: objectWith<Checkpointer>('a Checkpointer (createCheckpointer())', 'take').optional(),
+    keys: objectWith<TenantKeys>('TenantKeys (createTenantKeys())', 'seal', 'open').optional(),
+    classification: z
+      .custom<Classification>((v) => typeof v === 'object' && v !== null && !Array.isArray(v), {
+        message: 'must be an object of field classes',
+      })
+      .optional(),
+  }),
+);
+
+/**
+ * A compare-and-swap change to a task: the version it was made against, the patch, who
+ * makes it and why, and what goes with it in the same transaction (messages, a checkpoint,
+ * a fence).
+ */
 export interface UpdateInput {
   taskId: string;
   expectedVersion: number;
@@ -74,6 +98,10 @@ export interface UpdateInput {
   trx?: Trx;
 }
 
+/**
+ * The new state and the ids of the messages enqueued with it, or `reason: 'stale_version'`
+ * when another write got there first (nothing was written).
+ */
 export type UpdateResult =
   | { ok: true; state: TaskState; messageIds: string[] }
   | {
@@ -84,6 +112,10 @@ export type UpdateResult =
       error: StaleWriteError;
     };
 
+/**
+ * One row of a task's audit log: the version it made, who made it and why, and the JSON
+ * patch from the previous version.
+ */
 export interface AuditRow {
   task_id: string;
   version: number;
@@ -94,13 +126,25 @@ export interface AuditRow {
   at: Date;
 }
 
+/**
+ * Task documents under compare-and-swap, each change with its audit row and its messages in
+ * one transaction.
+ */
 export interface TaskStore {
+  /** Creates a task at version 1 (CairnError `already_exists` if it exists). */
   create(input: { task: NewTask; actor: string; reason?: string; trx?: Trx }): Promise<TaskState>;
+  /** The current document of a task, if it exists. */
   get(taskId: string, opts?: { trx?: Trx }): Promise<TaskState | undefined>;
+  /** Applies a change if the task is still at `expectedVersion`; see UpdateResult. */
   update(input: UpdateInput): Promise<UpdateResult>;
+  /** The audit log of a task, oldest first. */
   history(taskId: string, opts?: { trx?: Trx }): Promise<AuditRow[]>;
 }
 
+/**
+ * Makes a TaskStore. It holds no connection or timer of its own (only a cache of recent
+ * documents), so it has nothing to close.
+ */
 export function createTaskStore(options: TaskStoreOptions): TaskStore {
   const o = parseOptions('task store options', StoreOptions, options);
   const log = (o.logger ?? silentLogger).child({ component: 'task-store' });

@@ -26,10 +26,12 @@ export const DEFAULT_REQUIRED_GATES: readonly GateName[] = [
   'tests_passing',
 ];
 
+/** True for the statuses a task never leaves (`complete`, `cancelled`, `failed`). */
 export function isTerminal(status: TaskStatus): boolean {
   return TERMINAL.has(status);
 }
 
+/** True when TRANSITIONS declares a move from `from` to `to`. */
 export function canTransition(from: TaskStatus, to: TaskStatus): boolean {
   return from === to ? !isTerminal(from) : TRANSITIONS[from].includes(to);
 }

@@ -1,6 +1,10 @@
 import { sql } from 'kysely';
 import type { Executor } from '../../db/executor.js';
 
+/**
+ * What a write relies on: the lease of (task, branch) with this fencing token. A write that
+ * carries a fence is refused (LeaseLostError) once another holder took the lease.
+ */
 export interface Fence {
   taskId: string;
   branch: string;
