@@ -38,7 +38,7 @@ export interface Outbox {
  */
 export interface EnqueueContext {
   /** Refuse (LeaseLostError) unless this lease is still current; checked in the same transaction. */
-  fence?: Fence;
+  lease?: Fence;
   defaultKey?: string;
   taskId?: string;
   taskVersion?: number;
@@ -84,9 +84,9 @@ export function createOutbox(input: OutboxOptions = {}): Outbox {
       if (messages.length === 0) return [];
       // Validate everything before writing anything: a bad message refuses the whole call.
       const rows = outbox.prepare(messages, ctx);
-      if (ctx.fence && !(await holdsFence(trx, ctx.fence))) {
+      if (ctx.lease && !(await holdsFence(trx, ctx.lease))) {
         throw new LeaseLostError(
-          `outbox: lease ${ctx.fence.taskId}/${ctx.fence.branch} with fencing token ${ctx.fence.fencingToken} ` +
+          `outbox: lease ${ctx.lease.taskId}/${ctx.lease.branch} with fencing token ${ctx.lease.fencingToken} ` +
             'is no longer current; nothing was enqueued',
         );
       }

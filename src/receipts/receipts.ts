@@ -262,7 +262,7 @@ export function createReceiptStoreWithTestHooks(
           patch: {},
           actor: input.gate.actor,
           reason: `human decision required: receipt ${row.receipt_id} (${input.tool} at ${input.step}) is uncertain after its worker died`,
-          ...(input.gate.fence ? { fence: input.gate.fence } : {}),
+          ...(input.gate.lease ? { lease: input.gate.lease } : {}),
         });
       }
     }

@@ -55,7 +55,7 @@ export interface GateRecord {
   store: TaskStore;
   actor: string;
   /** The lease the caller holds: the audit write is refused unless it is still current. */
-  fence?: Fence;
+  lease?: Fence;
 }
 
 /** Which receipt a result is about: its id and its idempotency key. */

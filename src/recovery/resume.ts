@@ -173,7 +173,7 @@ async function resumeHolding(taskId: string, o: ResumeOptions, lease: Lease): Pr
       patch,
       actor: o.actor,
       reason,
-      fence: lease,
+      lease,
     });
     if (!r.ok) throw r.error;
     state = r.state;
@@ -227,7 +227,7 @@ async function resumeHolding(taskId: string, o: ResumeOptions, lease: Lease): Pr
   // 4. Side effects, from receipts (a gate is written to the audit log under the lease).
   const receipts = await o.receipts.reconcile(taskId, {
     ...(o.compensators ? { compensators: o.compensators } : {}),
-    gate: { store: o.store, actor: o.actor, fence: lease },
+    gate: { store: o.store, actor: o.actor, lease },
   });
   state = (await o.store.get(taskId))!;
 

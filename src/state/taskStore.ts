@@ -75,7 +75,7 @@ const StoreOptions = optionsSchema<TaskStoreOptions>()(
 /**
  * A compare-and-swap change to a task: the version it was made against, the patch, who
  * makes it and why, and what goes with it in the same transaction (messages, a checkpoint,
- * a fence).
+ * the lease it relies on).
  */
 export interface UpdateInput {
   taskId: string;
@@ -86,8 +86,11 @@ export interface UpdateInput {
   reason?: string;
   /** Messages the change causes: enqueued in the same transaction, keyed by the task id by default. */
   messages?: readonly OutboxMessageInput[];
-  /** The lease this write relies on: refused with LeaseLostError unless its token is still current. */
-  fence?: Fence;
+  /**
+   * The lease this write relies on (a Lease from acquire, or any Fence): refused with
+   * LeaseLostError unless its token is still current.
+   */
+  lease?: Fence;
   /**
    * Take a checkpoint with this change (same transaction). Taken anyway, with a reason of its
    * own, when the change crosses a boundary (gate passed, artifacts, task ended) and the
@@ -323,14 +326,14 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
             },
           ]);
         }
-        if (input.messages?.length || input.fence || checkpoint) {
+        if (input.messages?.length || input.lease || checkpoint) {
           // Validate the messages before touching the database; then the fence check, the CAS
           // and the messages in one transaction.
           const rows = input.messages?.length ? outbox.prepare(input.messages, ctx) : [];
           swapped = await inTransaction(o.db, input.trx, async (t) => {
-            if (input.fence && !(await holdsFence(t, input.fence))) {
+            if (input.lease && !(await holdsFence(t, input.lease))) {
               throw new LeaseLostError(
-                `task ${input.taskId}: lease ${input.fence.branch} with fencing token ${input.fence.fencingToken} ` +
+                `task ${input.taskId}: lease ${input.lease.branch} with fencing token ${input.lease.fencingToken} ` +
                   'is no longer current (expired or taken over); nothing was written',
               );
             }

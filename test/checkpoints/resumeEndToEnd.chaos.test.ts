@@ -140,7 +140,7 @@ describe('resume end to end (real processes, Postgres, Kafka)', () => {
       expectedVersion: plan.state.version,
       patch: { status: 'complete', gates: { tests_passing: true }, budget: { currency_spent_usd: 39 } },
       actor: AGENT,
-      fence: plan.lease!,
+      lease: plan.lease!,
     });
     expect(r.ok).toBe(true);
 

@@ -226,7 +226,7 @@ describe('resume writes nothing before it owns the task (issue 14.6)', () => {
       expectedVersion: before.version,
       patch: { active_agents: ['new-owner'] },
       actor: AGENT,
-      fence: owner,
+      lease: owner,
     });
     expect(w.ok).toBe(true);
   });

@@ -55,7 +55,7 @@ describe('leases with fencing tokens', () => {
         expectedVersion: 1,
         patch: { active_agents: ['a'] },
         actor: AGENT,
-        fence: a,
+        lease: a,
       }),
     ).rejects.toThrow(LeaseLostError);
     expect((await store.get('lease-1'))?.version).toBe(1);
@@ -63,7 +63,7 @@ describe('leases with fencing tokens', () => {
     await expect(
       tdb.db
         .transaction()
-        .execute((t) => outbox.enqueue(t, [{ topic: 'fenced', key: 'lease-1', payload: {} }], { fence: a })),
+        .execute((t) => outbox.enqueue(t, [{ topic: 'fenced', key: 'lease-1', payload: {} }], { lease: a })),
     ).rejects.toThrow(/fencing token 1 is no longer current; nothing was enqueued/);
     expect(await tdb.db.selectFrom('outbox').select('id').execute()).toEqual([]);
     expect(await leases.renew(a, 5000)).toEqual({ ok: false, reason: 'lease_lost' });
@@ -72,7 +72,7 @@ describe('leases with fencing tokens', () => {
       expectedVersion: 1,
       patch: { active_agents: ['b'] },
       actor: AGENT,
-      fence: b,
+      lease: b,
     });
     expect(ok.ok).toBe(true);
 
@@ -121,7 +121,7 @@ describe('leases with fencing tokens', () => {
           expectedVersion: 1,
           patch: { active_agents: ['slow'] },
           actor: AGENT,
-          fence: slow,
+          lease: slow,
         }),
       ).rejects.toThrow(LeaseLostError);
     } finally {

@@ -24,7 +24,7 @@ const r = await store.update({
   expectedVersion: task.version,
   patch: { status: 'testing', gates: { review_passed: true } },
   actor: 'spiffe://acme.example/agents/worker-a',
-  fence: lease,
+  lease,
   messages: [{ topic: process.env.TOPIC!, payload: { event: 'review_passed', task: task.task_id } }],
 });
 if (!r.ok) throw r.error;
