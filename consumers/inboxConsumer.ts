@@ -1,7 +1,9 @@
 import { setTimeout as sleep } from 'node:timers/promises';
+import type { Transaction } from 'kysely';
 import { type Db, databaseAddress, pingDatabase } from '../src/db/database.js';
 import type { Trx } from '../src/db/executor.js';
 import { isConfigurationSqlError, isRetriableSqlError } from '../src/db/sqlstate.js';
+import type { Database } from '../src/db/types.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import type { ReceivedBatch, ReceivedMessage, Subscriber } from '../src/kafka/subscriber.js';
 import { type Logger, silentLogger } from '../src/logger.js';
@@ -45,16 +47,25 @@ export interface InboxMessage {
  * backoff) unless the error's `retriable` is `false` (a `ValidationError`, say, or your own
  * error with `retriable: false`), which sends it to the dead-letter topic at once.
  */
-export type InboxHandler = (trx: Trx, message: InboxMessage) => Promise<void>;
+export type InboxHandler<Tables extends object = NoTables> = (
+  trx: Transaction<Database & Tables>,
+  message: InboxMessage,
+) => Promise<void>;
 
-/** What createInboxConsumer takes. */
-export interface InboxConsumerOptions {
+/** No tables of the application's: a handler's transaction then sees Cairn's tables only. */
+export type NoTables = Record<never, never>;
+
+/**
+ * What createInboxConsumer takes. `Tables` are the application's own tables as kysely sees
+ * them (a type, not an interface), so the handler writes them typed in its transaction.
+ */
+export interface InboxConsumerOptions<Tables extends object = NoTables> {
   db: Db;
   subscriber: Subscriber;
   /** Publishes dead letters to `<topic>.dlq`. */
   dlqPublisher: Publisher;
   groupId: string;
-  handler: InboxHandler;
+  handler: InboxHandler<Tables>;
   logger?: Logger;
   /** Messages applied per database transaction (one Kafka batch is cut into chunks of this size). */
   chunkSize?: number;
@@ -151,9 +162,16 @@ export function toInboxMessage(m: ReceivedMessage): InboxMessage {
   };
 }
 
-/** Makes an inbox consumer; nothing connects until run(). Call stop() to end it. */
-export function createInboxConsumer(options: InboxConsumerOptions): InboxConsumer {
-  return createInboxConsumerWithTestHooks(options, {});
+/**
+ * Makes an inbox consumer; nothing connects until run(). Call stop() to end it. Name your
+ * tables to write them typed in the handler's transaction:
+ * `createInboxConsumer<{ orders: { id: string } }>({ ..., handler: (trx) => trx.insertInto('orders')... })`.
+ */
+export function createInboxConsumer<Tables extends object = NoTables>(
+  options: InboxConsumerOptions<Tables>,
+): InboxConsumer {
+  // The transaction is the same object whatever tables its type names.
+  return createInboxConsumerWithTestHooks(options as unknown as InboxConsumerOptions, {});
 }
 
 /** Internal: `createInboxConsumer` with a hook at a named point, for crash tests. */

@@ -20,6 +20,7 @@ export {
   type InboxConsumer,
   type InboxConsumerOptions,
   type InboxHandler,
+  type NoTables,
   type InboxMessage,
   type InboxStats,
 } from './inboxConsumer.js';

@@ -3,7 +3,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
-import { repoRoot } from '../../scripts/stack/paths.js';
+import { repoRoot } from '../../cli/stack/paths.js';
 
 const run = promisify(execFile);
 const config = JSON.parse(readFileSync(join(repoRoot, 'typedoc.json'), 'utf8')) as {

@@ -36,7 +36,6 @@ import {
   createTaskStore,
   HEADER,
   migrateToLatest,
-  type Trx,
 } from '${pkg.name}';
 import { createKafkaPublisher, createRelay } from '${pkg.name}/relay';
 import { createInboxConsumer, createKafkaSubscriber, type InboxMessage } from '${pkg.name}/inbox';
@@ -67,7 +66,9 @@ async function until<T>(what: string, probe: () => Promise<T | undefined>, ms = 
 
 const db = createDb({ connectionString: env('DATABASE_URL') });
 report.migrations = (await migrateToLatest(db)).length;
-await sql\`CREATE TABLE orders (id text PRIMARY KEY, task_id text NOT NULL, task_version int NOT NULL)\`.execute(db);
+// The app's own table, in public beside Cairn's schema (Cairn's connections search cairn, then public).
+await sql\`CREATE TABLE public.orders (id text PRIMARY KEY, task_id text NOT NULL, task_version int NOT NULL)\`.execute(db);
+type AppTables = { orders: { id: string; task_id: string; task_version: number } };
 
 const checkpointer = createCheckpointer({ db });
 const tasks = createTaskStore({ db, checkpointer });
@@ -93,19 +94,23 @@ const relayRun = relay.run();
 report.published = await until('the relay to publish', async () => relay.stats().published || undefined);
 
 const groupId = 'app-' + topic;
-const consumer = createInboxConsumer({
+const consumer = createInboxConsumer<AppTables>({
   db,
   groupId,
   subscriber: createKafkaSubscriber({ brokers, groupId, topics: [topic], fromBeginning: true }),
   dlqPublisher: createKafkaPublisher({ brokers }),
-  async handler(trx: Trx, m: InboxMessage) {
+  async handler(trx, m: InboxMessage) {
     const body = m.json<{ order: string }>();
-    await sql\`INSERT INTO orders (id, task_id, task_version) VALUES (\${body.order}, \${m.headers[HEADER.taskId]}, \${m.taskVersion})\`.execute(trx);
+    // Typed: a misspelt column or table would not compile under tsc --strict.
+    await trx
+      .insertInto('orders')
+      .values({ id: body.order, task_id: m.headers[HEADER.taskId] ?? '', task_version: m.taskVersion ?? 0 })
+      .execute();
   },
 });
 void consumer.run();
 report.order = await until('the handler to write the order', async () =>
-  (await sql<{ id: string; task_id: string; task_version: number }>\`SELECT * FROM orders\`.execute(db)).rows[0],
+  (await sql<{ id: string; task_id: string; task_version: number }>\`SELECT * FROM public.orders\`.execute(db)).rows[0],
 );
 report.inboxRows = Number((await db.selectFrom('inbox').select((eb) => eb.fn.countAll().as('n')).executeTakeFirstOrThrow()).n);
 
