@@ -20,7 +20,7 @@ export {
   type InboxConsumer,
   type InboxConsumerOptions,
   type InboxHandler,
-  type NoTables,
   type InboxMessage,
   type InboxStats,
+  type NoTables,
 } from './inboxConsumer.js';
