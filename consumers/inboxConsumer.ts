@@ -253,7 +253,12 @@ export function createInboxConsumerWithTestHooks(
       log.warn({ message_id: m.messageId }, 'not dead-lettered: another consumer of the group applied it');
       return;
     }
-    dlqConnected ??= options.dlqPublisher.connect();
+    // A connect that failed (the broker restarting) is tried again by the next dead letter:
+    // kept, its rejection failed every dead letter of this process and held its partition.
+    dlqConnected ??= options.dlqPublisher.connect().catch((err: unknown) => {
+      dlqConnected = undefined;
+      throw err;
+    });
     await dlqConnected;
     // Publish first, then record: a crash in between re-sends the same dead letter (same message id), never loses it.
     await options.dlqPublisher.publish([

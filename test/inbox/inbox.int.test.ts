@@ -6,7 +6,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
 import { createInboxConsumer, type InboxConsumer, type InboxHandler } from '../../consumers/inboxConsumer.js';
 import { inboxMetrics } from '../../consumers/metrics.js';
-import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
+import { createKafkaPublisher, kafkaClient, type Publisher } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import {
   createTestDatabase,
@@ -59,7 +59,7 @@ function start(
   topic: string,
   groupId: string,
   handler: InboxHandler,
-  extra: { refuseStaleVersions?: boolean } = {},
+  extra: { refuseStaleVersions?: boolean; dlqPublisher?: Publisher } = {},
 ) {
   consumer = createInboxConsumer({
     db: tdb.db,
@@ -189,6 +189,48 @@ describe('inbox consumer on a real broker and real Postgres', () => {
       .orderBy('id' as never)
       .execute();
     expect(seqs).toEqual([{ seq: 1 }, { seq: 3 }, { seq: 2 }]);
+  });
+
+  it('a dead-letter publisher that could not connect once (a broker restarting) connects for the next dead letter', async () => {
+    await sql`TRUNCATE effects`.execute(tdb.db);
+    const topic = await createTestTopic('inbox', 1);
+    const poisonIds = [uuid(), uuid()];
+    await produce(topic, [
+      ...poisonIds.map((id, i) => ({
+        key: 'q',
+        value: { key: 'q', seq: i + 1 },
+        headers: { 'cairn-message-id': id },
+      })),
+      { key: 'q', value: { key: 'q', seq: 3 }, headers: { 'cairn-message-id': uuid() } },
+    ]);
+    const real = createKafkaPublisher({ brokers: kafkaBrokers() });
+    let connects = 0;
+    const flaky: Publisher = {
+      address: real.address,
+      connect: async () => {
+        if (++connects === 1) throw new Error('Connection error: connect ECONNREFUSED (broker restarting)');
+        await real.connect();
+      },
+      publish: (messages) => real.publish(messages),
+      disconnect: () => real.disconnect(),
+    };
+    const handler: InboxHandler = async (trx, m) => {
+      if (m.json<{ seq: number }>().seq < 3) {
+        throw Object.assign(new Error('refused by the handler'), { retriable: false });
+      }
+      await recordEffect(trx, m);
+    };
+    const c = start(topic, `${topic}.g`, handler, { dlqPublisher: flaky });
+    // The first dead letter fails with the connect and is tried again (the batch is redelivered);
+    // before the fix the rejected connect was kept and no dead letter ever went out again.
+    await waitFor(
+      'both poisons dead-lettered and seq 3 applied',
+      () => c.stats().deadLettered === 2 && c.stats().applied === 1,
+      60_000,
+    );
+    expect(connects).toBe(2);
+    const dlq = await readTopic(kafka, `${topic}.dlq`, (ms) => ms.length >= 2, 30_000);
+    expect(new Set(dlq.map((m) => m.headers['cairn-message-id']))).toEqual(new Set(poisonIds));
   });
 
   it('`cairn inbox prune` deletes rows past the retention window and keeps the rest', async () => {
