@@ -68,18 +68,24 @@ export function createKafkaPublisher(options: KafkaPublisherOptions): Publisher 
   const opts = parseOptions('Kafka publisher options', KafkaPublisherOptionsSchema, options);
   const kafka = kafkaClient(opts.brokers, opts.clientId ?? 'cairn-relay');
   let producer: Producer | undefined;
+  /** False after a connect() that failed: such a producer only answers "The producer is disconnected". */
+  let connected = false;
+  async function open(): Promise<void> {
+    if (producer && !connected) await producer.disconnect().catch(() => {});
+    connected = false;
+    producer = kafka.producer({
+      idempotent: true,
+      maxInFlightRequests: 1,
+      allowAutoTopicCreation: true,
+      createPartitioner: Partitioners.DefaultPartitioner,
+      retry: { retries: 3, initialRetryTime: 100, maxRetryTime: 2000 },
+    });
+    await producer.connect();
+    connected = true;
+  }
   return {
     address: opts.brokers.join(','),
-    async connect() {
-      producer = kafka.producer({
-        idempotent: true,
-        maxInFlightRequests: 1,
-        allowAutoTopicCreation: true,
-        createPartitioner: Partitioners.DefaultPartitioner,
-        retry: { retries: 3, initialRetryTime: 100, maxRetryTime: 2000 },
-      });
-      await producer.connect();
-    },
+    connect: open,
     async publish(messages) {
       if (!producer) {
         throw new CairnError(
@@ -87,6 +93,10 @@ export function createKafkaPublisher(options: KafkaPublisherOptions): Publisher 
           `publisher to ${opts.brokers.join(',')} is not connected: call connect() before publish()`,
         );
       }
+      // The relay reconnects after a failed batch; when the broker was still down, the next
+      // batch spent every retry (about 10 s after a broker restart in the chaos soak) on a
+      // producer that never connected. Connecting again on each retry sends once it is back.
+      if (!connected) await open();
       const byTopic = new Map<string, PublishMessage[]>();
       for (const m of messages) {
         const list = byTopic.get(m.topic) ?? [];
@@ -103,6 +113,7 @@ export function createKafkaPublisher(options: KafkaPublisherOptions): Publisher 
       });
     },
     async disconnect() {
+      connected = false;
       await producer?.disconnect();
       producer = undefined;
     },
