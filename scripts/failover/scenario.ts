@@ -17,8 +17,9 @@ import { type Check, verifyDemo } from '../demo/verify.js';
 import { ROLES, type Role, topicOf, WORKFLOW_DEFINITION } from '../demo/workflow.js';
 import { type Sink, startSink } from '../lib/effectSink.js';
 import { type Child, sigkill, sigterm, spawnTs } from '../lib/spawnTs.js';
+import { cutOffRegionA } from './asyncLoss.js';
 import { regionATruth, snapshot, startWitness } from './evidence.js';
-import { type PgServer, partition, requireSynchronous, startPrimary, startStandby } from './pgCluster.js';
+import { type PgServer, requireSynchronous, startPrimary, startStandby } from './pgCluster.js';
 
 export interface FailoverOptions {
   mode: 'sync' | 'async';
@@ -155,21 +156,17 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       o.timeoutS * 1000,
     );
     if (o.mode === 'async') {
-      await partition(b);
-      await waitUntil(
-        'the standby to disconnect',
-        async () => (await a.query('SELECT 1 FROM pg_stat_replication')).length === 0,
-        30_000,
-      );
-      // Region A goes on committing, alone: this is what an asynchronous failover loses.
-      const at = await demoProgress(dbA);
-      const acked = witness.count();
-      await waitUntil(
-        'region A to commit on its own',
-        async () =>
-          (await demoProgress(dbA)) >= at + Math.max(3, o.tasks / 4) && witness.count() >= acked + 10,
-        o.timeoutS * 1000,
-      );
+      await cutOffRegionA({
+        a,
+        b,
+        dbA,
+        agents: new Map(ROLE_NAMES.map((r, n) => [r, regionA[n + 1]!])),
+        witnessWrites: witness.count,
+        demoProgress: () => demoProgress(dbA),
+        waitUntil,
+        timeoutMs: o.timeoutS * 1000,
+        log: o.log,
+      });
     }
 
     // --- region A dies ----------------------------------------------------------------------
@@ -269,6 +266,11 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
         return healthy.every((id) => ids.has(id)) && outbox.rows[0]!.n === 0;
       },
       o.timeoutS * 1000,
+    );
+    o.log(
+      `[failover] region B: promoted in ${promotedAt - killedAt} ms, checked in ${checkedAt - promotedAt} ms, ` +
+        `${resumed} tasks resumed in ${resumedAt - checkedAt} ms, first transition ${rtoMs} ms after the kill, ` +
+        `${healthy.length} tasks complete ${Date.now() - killedAt} ms after it`,
     );
     for (const c of procs) await sigterm(c, 5000);
 
