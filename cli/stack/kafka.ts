@@ -28,7 +28,9 @@ export const kafkaPort = Number(process.env.CAIRN_KAFKA_PORT ?? 19092);
 export const controllerPort = Number(process.env.CAIRN_KAFKA_CONTROLLER_PORT ?? kafkaPort + 1);
 export const localBrokers = `127.0.0.1:${kafkaPort}`;
 
-const READY_DEADLINE_MS = Number(process.env.CAIRN_KAFKA_START_TIMEOUT_MS ?? 120_000);
+// Generous: on a starved machine a cold start took 55 s, and a start after an unclean stop
+// waits a broker session (60 s, see writeConfig) on top.
+const READY_DEADLINE_MS = Number(process.env.CAIRN_KAFKA_START_TIMEOUT_MS ?? 240_000);
 
 /** True when the broker at `brokers` answers a metadata request within `timeoutMs`. */
 export async function kafkaAnswers(brokers: string, timeoutMs = 3000): Promise<boolean> {
@@ -131,6 +133,18 @@ function writeConfig(): void {
       'group.initial.rebalance.delay.ms=0',
       // Crash tests kill consumers; a short minimum session lets the group notice in ~2 s, not 6+.
       'group.min.session.timeout.ms=1000',
+      // The node's broker half heartbeats to its own controller half. On a starved machine (the
+      // chaos soak under CPU hogs) heartbeats came more than the default 9 s late, and even 30 s
+      // late at a load average of 100+, and the controller fenced its only broker ("Fencing
+      // broker 1 because its session has timed out"): every partition lost its leader and every
+      // group its coordinator until it was unfenced. With one broker there is nobody to fail
+      // over to, so the session is long.
+      'broker.session.timeout.ms=60000',
+      // The cost: after an unclean stop (SIGKILL) the restarted controller keeps the old
+      // registration alive for a session and refuses the new one ("Another broker is
+      // registered with that broker id"). With the default 60 s to register, a broker with a
+      // 60 s session gave up and exited; it may now take 5 minutes.
+      'initial.broker.registration.timeout.ms=300000',
       'auto.create.topics.enable=true',
       'log.retention.hours=24',
       'log.segment.bytes=67108864',
@@ -278,7 +292,10 @@ export function localBrokerStillRunning(
     : `the local stack's Kafka broker on ${localBrokers} (pid ${pid}) is still running. Stop it with \`npm run stack:down\``;
 }
 
-/** Stops the broker this stack started: SIGTERM for a clean shutdown, SIGKILL after `graceMs`. */
+/**
+ * Stops the broker this stack started: SIGTERM for a controlled shutdown, SIGKILL after
+ * `graceMs` (default 2 minutes: a killed broker registers again only a session later).
+ */
 export async function stopLocalKafka(
   opts: { graceMs?: number; signal?: NodeJS.Signals } = {},
 ): Promise<boolean> {
@@ -288,7 +305,7 @@ export async function stopLocalKafka(
     return false;
   }
   process.kill(pid, opts.signal ?? 'SIGTERM');
-  const deadline = Date.now() + (opts.graceMs ?? 30_000);
+  const deadline = Date.now() + (opts.graceMs ?? 120_000);
   while (isAlive(pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 200));
   if (isAlive(pid)) process.kill(pid, 'SIGKILL');
   while (isAlive(pid)) await new Promise((r) => setTimeout(r, 50));
