@@ -29,6 +29,19 @@ export interface SoakOptions {
   database: string;
   kafkaBrokers: string;
   canRestartBroker: boolean;
+  /**
+   * TTL of the relays' lanes and the testers' deploy leases. Default CAIRN_CHAOS_LEASE_TTL_MS,
+   * else 5000: on two busy cores a 2 s lease lapsed under live, merely slow holders (lanes lost
+   * by a relay no fault had frozen).
+   */
+  leaseTtlMs?: number;
+  /**
+   * Kafka session of the agents and observers. Default CAIRN_CHAOS_SESSION_TIMEOUT_MS, else
+   * 10000: kafkajs heartbeats only between batches, and with 3 s the broker expired live members
+   * of every group on a busy machine (40 expirations in a soak that froze or killed about five consumers), each
+   * a rebalance in which the group consumed nothing.
+   */
+  sessionTimeoutMs?: number;
   log: (line: string) => void;
 }
 
@@ -60,11 +73,12 @@ export interface SoakResult {
 }
 
 const STAGES = ['planning', 'implementing', 'reviewing', 'testing'];
-const LEASE_TTL_MS = 2000;
-/** The observers' Kafka session: a consumer frozen past it is dropped from its group. */
-const SESSION_TIMEOUT_MS = 3000;
 /** How far past a lease or session a frozen process stays frozen (a long GC pause, a stalled VM). */
 const PAST_MS = 1500;
+const fromEnv = (name: string, fallback: number) => {
+  const v = Number(process.env[name]);
+  return Number.isFinite(v) && v > 0 ? v : fallback;
+};
 // A fault is drawn with these weights (the broker restarts at most every brokerRestartEveryS).
 const WEIGHTS: Array<[FaultKind, number]> = [
   ['agent_kill', 4],
@@ -87,6 +101,10 @@ const WEIGHTS: Array<[FaultKind, number]> = [
  */
 export async function runSoak(o: SoakOptions): Promise<SoakResult> {
   const { rand, pick } = seeded(o.seed);
+  const leaseTtlMs = o.leaseTtlMs ?? fromEnv('CAIRN_CHAOS_LEASE_TTL_MS', 5000);
+  /** Agents' and observers' Kafka session: a consumer frozen past it is dropped from its group. */
+  const sessionTimeoutMs = o.sessionTimeoutMs ?? fromEnv('CAIRN_CHAOS_SESSION_TIMEOUT_MS', 10_000);
+  o.log(`[chaos] leases ${leaseTtlMs} ms, Kafka sessions ${sessionTimeoutMs} ms`);
   const scratch = await createScratchDatabase(o.databaseUrl, o.database, { recreate: true });
   const db = createDb({ connectionString: scratch.url, max: 6, applicationName: 'cairn-chaos-orchestrator' });
   await migrateToLatest(db);
@@ -117,10 +135,12 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     KAFKA_BROKERS: o.kafkaBrokers,
     DEMO_RUN: run,
     SINK_URL: sink.url,
-    CAIRN_RELAY_LEASE_TTL_MS: String(LEASE_TTL_MS),
+    CAIRN_RELAY_LEASE_TTL_MS: String(leaseTtlMs),
     CAIRN_RELAY_MAX_IDLE_MS: '50',
     DEMO_WORK_MS: String(o.workMs),
     DEMO_EVENTS_TOPIC: eventsTopic,
+    DEMO_DEPLOY_LEASE_TTL_MS: String(leaseTtlMs),
+    DEMO_SESSION_TIMEOUT_MS: String(sessionTimeoutMs),
   };
   const groups = [`${run}-observer-a`, `${run}-observer-b`];
   const specs: ProcessSpec[] = [
@@ -143,7 +163,7 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
         ...env,
         CHAOS_GROUP: group!,
         CHAOS_TOPIC: eventsTopic,
-        CHAOS_SESSION_TIMEOUT_MS: String(SESSION_TIMEOUT_MS),
+        CHAOS_SESSION_TIMEOUT_MS: String(sessionTimeoutMs),
       },
     })),
   ];
@@ -228,14 +248,14 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
       case 'consumer_kill':
         await fleet.crash(pick(byKind.consumer));
         break;
-      case 'agent_pause':
-        await fleet.pause(pick(byKind.agent), LEASE_TTL_MS + PAST_MS);
+      case 'agent_pause': // past its deploy lease and its Kafka session both
+        await fleet.pause(pick(byKind.agent), Math.max(leaseTtlMs, sessionTimeoutMs) + PAST_MS);
         break;
       case 'relay_pause': // its lanes expire and move to the other relay; its deletes are fenced off
-        await fleet.pause(pick(byKind.relay), LEASE_TTL_MS + PAST_MS);
+        await fleet.pause(pick(byKind.relay), leaseTtlMs + PAST_MS);
         break;
       case 'consumer_pause': // its group rebalances without it; it rejoins when it wakes
-        await fleet.pause(pick(byKind.consumer), SESSION_TIMEOUT_MS + PAST_MS);
+        await fleet.pause(pick(byKind.consumer), sessionTimeoutMs + PAST_MS);
         break;
       case 'duplicate_delivery':
         injected.duplicates += await faults.duplicates(5);
@@ -337,6 +357,7 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     await new Promise((r) => setTimeout(r, 500));
   }
   await progress('settled');
+  o.log(`[chaos] faults injected: ${JSON.stringify(counts)}`);
 
   // --- the independent checker ------------------------------------------------------------
   const checks = await checkInvariants({
@@ -346,7 +367,7 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     eventsTopic,
     observerGroups: groups,
     holderAlive: fleet.holderAlive,
-    leaseTtlMs: LEASE_TTL_MS,
+    leaseTtlMs,
   });
   await fleet.stopAll();
   await faults.close();

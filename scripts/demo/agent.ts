@@ -4,7 +4,9 @@
  * artifacts (checkpoints are taken at those boundaries), and, for the tester, runs the one
  * irreversible deploy per task through a receipt against the sink.
  *
- * Environment: DATABASE_URL, KAFKA_BROKERS, DEMO_RUN, DEMO_ROLE, SINK_URL.
+ * Environment: DATABASE_URL, KAFKA_BROKERS, DEMO_RUN, DEMO_ROLE, SINK_URL; DEMO_SESSION_TIMEOUT_MS
+ * (the Kafka session, default 3000) and DEMO_DEPLOY_LEASE_TTL_MS (default 2000): short, so that a
+ * crash shows quickly in the demo; the chaos soak sets longer ones that fit a busy machine.
  */
 import { sql } from 'kysely';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
@@ -27,6 +29,8 @@ const role = process.env.DEMO_ROLE as Role;
 const { databaseUrl, brokers } = connectionsFromEnv(`demo ${role}`);
 const sink = process.env.SINK_URL!;
 const workMs = Number(process.env.DEMO_WORK_MS ?? 300);
+const sessionTimeoutMs = Number(process.env.DEMO_SESSION_TIMEOUT_MS ?? 3000);
+const deployLeaseTtlMs = Number(process.env.DEMO_DEPLOY_LEASE_TTL_MS ?? 2000);
 /** When set, every transition also publishes an event (keyed by task, ordered by version) to this topic. */
 const eventsTopic = process.env.DEMO_EVENTS_TOPIC;
 const spec = ROLES[role];
@@ -57,7 +61,7 @@ async function deploy(taskId: string): Promise<void> {
     taskId,
     branch: 'deploy',
     agentId: `${role}:${process.pid}`,
-    ttlMs: 2000,
+    ttlMs: deployLeaseTtlMs,
   });
   if (!lease.ok) throw retryLater(`deploy lease of ${taskId} is held by ${lease.holder}`);
   try {
@@ -82,7 +86,7 @@ async function deploy(taskId: string): Promise<void> {
     });
     if (r.status !== 'succeeded') throw retryLater(`deploy of ${taskId} is ${r.status}`);
   } catch (err) {
-    // The 2 s lease lapsed (a frozen or starved tester) before the effect ran: the fence
+    // The lease lapsed (a frozen or starved tester) before the effect ran: the fence
     // working; try again (a dead letter here would strand the task in testing).
     if (err instanceof LeaseLostError) throw retryLater(`deploy of ${taskId}: ${err.message}`);
     throw err;
@@ -98,7 +102,7 @@ const consumer = createInboxConsumer({
     brokers,
     groupId: `demo-${run}-${role}`,
     topics: [topicOf(run, spec.from)],
-    sessionTimeoutMs: 3000,
+    sessionTimeoutMs,
     onRestart: countConsumerRestarts(db, logger),
     logger,
   }),
