@@ -1,5 +1,6 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { once } from 'node:events';
+import { appendFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { buildSync } from 'esbuild';
 import { repoRoot, stackDir } from '../../cli/stack/paths.js';
@@ -53,7 +54,11 @@ function bundle(entry: string): string {
   return out;
 }
 
-/** Starts a TypeScript entry point (path relative to the repository) as a real child process. */
+/**
+ * Starts a TypeScript entry point (path relative to the repository) as a real child process.
+ * With CAIRN_CHILD_LOG_DIR set, each child's whole output is also appended to `<dir>/<name>.log`:
+ * a failed chaos run otherwise keeps only the last 20 kB of a process that exited by itself.
+ */
 export function spawnTs(name: string, entry: string, env: Record<string, string>): Child {
   const proc = spawn(process.execPath, [bundle(entry)], {
     cwd: repoRoot,
@@ -61,8 +66,10 @@ export function spawnTs(name: string, entry: string, env: Record<string, string>
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
+  const logDir = process.env.CAIRN_CHILD_LOG_DIR;
   const keep = (d: Buffer) => {
     out = (out + d).slice(-20_000);
+    if (logDir) appendFileSync(join(logDir, `${name}.log`), d);
   };
   proc.stdout?.on('data', keep);
   proc.stderr?.on('data', keep);
