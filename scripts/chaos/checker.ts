@@ -84,7 +84,9 @@ export async function checkInvariants(c: CheckerInput): Promise<Check[]> {
   }
 
   // The topic itself: one message id per (key, version), first copies in version order per key.
-  const events = await readTopicsToEnd(c.kafka, [c.eventsTopic]);
+  // A deadline for a broker that does not answer, not a measure: at a load average of 140 the
+  // broker needed more than the default 60 s to give a fresh reader group its partitions.
+  const events = await readTopicsToEnd(c.kafka, [c.eventsTopic], 300_000);
   const idOf = new Map<string, string>();
   const lastVersion = new Map<string, number>();
   let twoIds = 0;
