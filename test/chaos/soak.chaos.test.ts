@@ -6,21 +6,21 @@ import { createScratchDatabase } from '../../scripts/lib/scratchDatabase.js';
 describe('chaos soak (short: one minute of faults)', () => {
   it('every kind of fault is injected and the independent checker finds 0 violations', async () => {
     const database = `cairn_t_chaos_${randomBytes(4).toString('hex')}`;
-    const r = await runSoak({
-      minutes: 1,
-      seed: 7,
-      rate: 1,
-      workMs: 150,
-      settleS: 120,
-      faultEveryMs: 1000,
-      brokerRestartEveryS: 25,
-      databaseUrl: inject('databaseUrl'),
-      database,
-      kafkaBrokers: inject('kafkaBrokers'),
-      canRestartBroker: inject('kafkaLocal'),
-      log: (line) => process.stderr.write(`${line}\n`),
-    });
     try {
+      const r = await runSoak({
+        minutes: 1,
+        seed: 7,
+        rate: 1,
+        workMs: 150,
+        settleS: 120,
+        faultEveryMs: 1000,
+        brokerRestartEveryS: 25,
+        databaseUrl: inject('databaseUrl'),
+        database,
+        kafkaBrokers: inject('kafkaBrokers'),
+        canRestartBroker: inject('kafkaLocal'),
+        log: (line) => process.stderr.write(`${line}\n`),
+      });
       expect(r.checks.filter((c) => c.violations > 0)).toEqual([]);
       expect(r.tasks).toBeGreaterThan(0); // how many fit in a minute depends on the machine
       expect(r.terminal).toBe(r.tasks);
