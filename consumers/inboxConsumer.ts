@@ -4,6 +4,7 @@ import { type Db, databaseAddress, pingDatabase } from '../src/db/database.js';
 import type { Trx } from '../src/db/executor.js';
 import { isConfigurationSqlError, isRetriableSqlError } from '../src/db/sqlstate.js';
 import type { Database } from '../src/db/types.js';
+import { mayRetry, messageOf } from '../src/errors.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import type { ReceivedBatch, ReceivedMessage, Subscriber } from '../src/kafka/subscriber.js';
 import { type Logger, silentLogger } from '../src/logger.js';
@@ -47,7 +48,7 @@ export interface InboxMessage {
  * backoff) unless the error's `retriable` is `false` (a `ValidationError`, say, or your own
  * error with `retriable: false`), which sends it to the dead-letter topic at once.
  */
-export type InboxHandler<Tables extends object = NoTables> = (
+export type InboxHandler<Tables extends AppTables = NoTables> = (
   trx: Transaction<Database & Tables>,
   message: InboxMessage,
 ) => Promise<void>;
@@ -56,10 +57,25 @@ export type InboxHandler<Tables extends object = NoTables> = (
 export type NoTables = Record<never, never>;
 
 /**
+ * The application's tables a handler may name: none called like one of Cairn's, since on
+ * Cairn's connections an unqualified name finds Cairn's table first (its schema leads the
+ * search_path). Name such a table with its schema (`public.outbox`) in raw SQL instead.
+ */
+export type AppTables = object;
+
+/** Compiles only when none of `Tables` is named like one of Cairn's tables. */
+export type NoCairnNames<Tables> = [keyof Tables & keyof Database] extends [never]
+  ? unknown
+  : {
+      "tables named like Cairn's (qualify them with their schema in SQL instead)": keyof Tables &
+        keyof Database;
+    };
+
+/**
  * What createInboxConsumer takes. `Tables` are the application's own tables as kysely sees
  * them (a type, not an interface), so the handler writes them typed in its transaction.
  */
-export interface InboxConsumerOptions<Tables extends object = NoTables> {
+export interface InboxConsumerOptions<Tables extends AppTables = NoTables> {
   db: Db;
   subscriber: Subscriber;
   /** Publishes dead letters to `<topic>.dlq`. */
@@ -167,8 +183,8 @@ export function toInboxMessage(m: ReceivedMessage): InboxMessage {
  * tables to write them typed in the handler's transaction:
  * `createInboxConsumer<{ orders: { id: string } }>({ ..., handler: (trx) => trx.insertInto('orders')... })`.
  */
-export function createInboxConsumer<Tables extends object = NoTables>(
-  options: InboxConsumerOptions<Tables>,
+export function createInboxConsumer<Tables extends AppTables = NoTables>(
+  options: InboxConsumerOptions<Tables> & NoCairnNames<Tables>,
 ): InboxConsumer {
   // The transaction is the same object whatever tables its type names.
   return createInboxConsumerWithTestHooks(options as unknown as InboxConsumerOptions, {});
@@ -238,15 +254,18 @@ export function createInboxConsumerWithTestHooks(
     stats.applied += c.applied;
     stats.duplicates += c.duplicates;
     stats.stale += c.stale;
+    // Logged and ignored, thrown or rejected: the transaction is already committed.
+    const ignore = (err: unknown) => log.warn({ err: messageOf(err) }, 'onCommitted failed; ignored');
     try {
-      options.onCommitted?.(c);
+      const r: unknown = options.onCommitted?.(c);
+      if (r instanceof Promise) r.catch(ignore);
     } catch (err) {
-      log.warn({ err: (err as Error).message }, 'onCommitted threw; ignored');
+      ignore(err);
     }
   }
 
   async function deadLetter(m: InboxMessage, error: unknown, attempts: number): Promise<void> {
-    const message = (error as Error)?.message ?? String(error);
+    const message = messageOf(error);
     // A consumer that lost the partition while this message failed here: its new owner may
     // have applied it meanwhile, and an applied message is never dead-lettered.
     if (await appliedBy(db, groupId, m)) {
@@ -302,16 +321,13 @@ export function createInboxConsumerWithTestHooks(
         addCounts(await db.transaction().execute((trx) => applyChunk(trx, [m])));
         return;
       } catch (err) {
-        const retriable = (err as { retriable?: unknown }).retriable !== false || isRetriableSqlError(err);
+        const retriable = mayRetry(err) || isRetriableSqlError(err);
         if (!retriable || attempt >= maxAttempts) {
           await deadLetter(m, err, attempt);
           return;
         }
         stats.retries++;
-        log.warn(
-          { message_id: m.messageId, attempt, err: (err as Error).message },
-          'handler failed; retrying',
-        );
+        log.warn({ message_id: m.messageId, attempt, err: messageOf(err) }, 'handler failed; retrying');
         // Exponential with full jitter, capped: a message that needs a few seconds (a lease
         // held by a dead worker, say) must not push its retries out to minutes.
         await sleep(Math.random() * Math.min(retryMaxMs, retryBaseMs * 2 ** (attempt - 1)));
@@ -329,7 +345,7 @@ export function createInboxConsumerWithTestHooks(
       } catch (err) {
         // Something in the chunk failed and the whole transaction rolled back: apply the
         // messages one by one so one bad message cannot hold back the others.
-        log.warn({ err: (err as Error).message, size: chunk.length }, 'chunk failed; applying one by one');
+        log.warn({ err: messageOf(err), size: chunk.length }, 'chunk failed; applying one by one');
         for (const m of chunk) await applyAlone(m);
       }
       stats.commits++;
@@ -343,10 +359,7 @@ export function createInboxConsumerWithTestHooks(
         batch.resolveOffset(last.offset);
       } catch (err) {
         stats.offsetCommitFailures++;
-        log.warn(
-          { err: (err as Error).message, partition: batch.partition },
-          'offset commit failed (rebalance?)',
-        );
+        log.warn({ err: messageOf(err), partition: batch.partition }, 'offset commit failed (rebalance?)');
         return;
       }
       await batch.heartbeat().catch(() => {});
@@ -360,7 +373,7 @@ export function createInboxConsumerWithTestHooks(
         const removed = await pruneInbox(db, { olderThanMs: options.retentionMs ?? SEVEN_DAYS_MS });
         if (removed > 0) log.info({ removed }, 'pruned inbox rows');
       } catch (err) {
-        log.warn({ err: (err as Error).message }, 'inbox prune failed');
+        log.warn({ err: messageOf(err) }, 'inbox prune failed');
       }
       schedulePrune();
     }, every);

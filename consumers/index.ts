@@ -15,6 +15,7 @@ export {
 } from '../src/kafka/subscriber.js';
 export { type DeadLetter, listDeadLetters, replayDeadLetter } from './deadLetters.js';
 export {
+  type AppTables,
   createInboxConsumer,
   type InboxCommitCounts,
   type InboxConsumer,
@@ -22,5 +23,6 @@ export {
   type InboxHandler,
   type InboxMessage,
   type InboxStats,
+  type NoCairnNames,
   type NoTables,
 } from './inboxConsumer.js';

@@ -173,13 +173,35 @@ export class TopicMissingError extends CairnError {
   }
 }
 
+/** What a caught value says: an Error's message, else the value itself (a handler may throw anything, null included). */
+export function messageOf(error: unknown): string {
+  return error instanceof Error
+    ? error.message
+    : `a thrown ${error === null ? 'null' : typeof error}: ${preview(error)}`;
+}
+
+/** Whether a caught value says the same call may succeed later (`retriable: false` says no; anything else, yes). */
+export function mayRetry(error: unknown): boolean {
+  return (error as { retriable?: unknown } | null | undefined)?.retriable !== false;
+}
+
 export function preview(value: unknown, max = 80): string {
+  // An object that is not plain data (a pool, a client, a Db) may hold a connection string
+  // with a password: only its kind is shown.
+  if (typeof value === 'function') return `a function${value.name ? ` ${value.name}` : ''}`;
+  if (typeof value === 'object' && value !== null && !Array.isArray(value)) {
+    const proto = Object.getPrototypeOf(value);
+    if (proto !== Object.prototype && proto !== null)
+      return `an instance of ${proto?.constructor?.name ?? 'a class'}`;
+  }
   let text: string;
   try {
     text = typeof value === 'string' ? JSON.stringify(value) : (JSON.stringify(value) ?? String(value));
   } catch {
     text = String(value);
   }
+  // A URL's password (a connection string among the values) is never shown.
+  text = text.replace(/([a-z][a-z0-9+.-]*:\/\/[^:/@\s"]*:)[^@\s"]*@/gi, '$1***@');
   return text.length > max ? `${text.slice(0, max)}…` : text;
 }
 

@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import type { Db } from './db/database.js';
+import { isCairnDb } from './db/tenant.js';
 import { ValidationError } from './errors.js';
 import type { Logger } from './logger.js';
 import { zodIssues } from './schemas/zodIssues.js';
@@ -13,6 +14,31 @@ export function parseOptions<S extends z.ZodType>(
   const parsed = schema.safeParse(input);
   if (!parsed.success) throw new ValidationError(what, zodIssues(parsed.error, input));
   return Object.freeze(parsed.data);
+}
+
+/**
+ * Refuses a key an input object does not declare, naming it: TypeScript misses a key spread
+ * in from a variable, and a silently ignored key can drop a guard (a `fence` that was renamed
+ * `lease` would leave a write unfenced). `renamed` maps an old name to its new one.
+ */
+export function refuseUnknownKeys(
+  what: string,
+  input: object | undefined,
+  allowed: readonly string[],
+  renamed: Readonly<Record<string, string>> = {},
+): void {
+  if (input === undefined) return;
+  const unknown = Object.keys(input).filter((k) => !allowed.includes(k));
+  if (unknown.length === 0) return;
+  throw new ValidationError(
+    what,
+    unknown.map((k) => ({
+      path: k,
+      message: renamed[k]
+        ? `renamed to ${renamed[k]} (an option under its old name would be ignored)`
+        : `is not an option here (known: ${allowed.join(', ')})`,
+    })),
+  );
 }
 
 type SameKeys<A, B> = [keyof A] extends [keyof B] ? ([keyof B] extends [keyof A] ? true : false) : false;
@@ -46,11 +72,25 @@ export const objectWith = <T>(what: string, ...methods: string[]) =>
 
 /** The zod pieces the factories' schemas share. */
 export const opt = {
-  db: () => objectWith<Db>('a Db from createDb() (a kysely instance)', 'selectFrom', 'transaction'),
+  /**
+   * A database made by createDb (or forTenant): Cairn's search_path and number parsing come
+   * with it. A transaction, or a Kysely of the application's, is refused here rather than
+   * failing later with a misleading "run cairn migrate".
+   */
+  db: () =>
+    z.custom<Db>(isCairnDb, {
+      message:
+        'must be a database made by createDb() or forTenant() (not a transaction, nor a Kysely of your own: createDb({ pool }) runs Cairn on your pg.Pool)',
+    }),
   logger: () => objectWith<Logger>('a pino Logger (createLogger())', 'child', 'info').optional(),
   fn: <F>(what = 'a function') => z.custom<F>((v) => typeof v === 'function', { message: `must be ${what}` }),
-  /** A duration in milliseconds, more than 0. */
-  ms: () => z.number().int().positive(),
+  /** A duration in milliseconds, more than 0 and within what a Node timer can wait (about 24.8 days). */
+  ms: () =>
+    z
+      .number()
+      .int()
+      .positive()
+      .max(2 ** 31 - 1, 'must be at most 2147483647 ms (a Node timer fires at once past it)'),
   count: () => z.number().int().positive(),
   text: () => z.string().min(1),
 };

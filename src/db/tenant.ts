@@ -151,6 +151,11 @@ export function schemaOf(db: Db): string {
   return (settings.get(db) ?? (parent && settings.get(parent)))?.schema ?? defaultSchema();
 }
 
+/** Whether `db` was made by createDb, or is a tenant view of one (not a transaction, not another Kysely). */
+export function isCairnDb(db: unknown): boolean {
+  return typeof db === 'object' && db !== null && (settings.has(db as Db) || parents.has(db as Db));
+}
+
 /** Each tenant view's parent database. */
 const parents = new WeakMap<Db, Db>();
 

@@ -70,40 +70,62 @@ export function createKafkaPublisher(options: KafkaPublisherOptions): Publisher 
   let producer: Producer | undefined;
   /** False after a connect() that failed: such a producer only answers "The producer is disconnected". */
   let connected = false;
-  async function open(): Promise<void> {
-    if (producer && !connected) await producer.disconnect().catch(() => {});
-    connected = false;
-    producer = kafka.producer({
-      idempotent: true,
-      maxInFlightRequests: 1,
-      allowAutoTopicCreation: true,
-      createPartitioner: Partitioners.DefaultPartitioner,
-      retry: { retries: 3, initialRetryTime: 100, maxRetryTime: 2000 },
-    });
-    await producer.connect();
-    connected = true;
+  /** The connect in flight: concurrent callers share it, so one producer is ever open. */
+  let opening: Promise<Producer> | undefined;
+  function open(): Promise<Producer> {
+    opening ??= (async () => {
+      try {
+        // The previous producer (connected or not) is closed before a new one replaces it.
+        const previous = producer;
+        producer = undefined;
+        connected = false;
+        await previous?.disconnect().catch(() => {});
+        const next = kafka.producer({
+          idempotent: true,
+          maxInFlightRequests: 1,
+          allowAutoTopicCreation: true,
+          createPartitioner: Partitioners.DefaultPartitioner,
+          retry: { retries: 3, initialRetryTime: 100, maxRetryTime: 2000 },
+        });
+        producer = next;
+        await next.connect();
+        if (producer !== next) {
+          // disconnect() ran meanwhile: this producer is not wanted any more.
+          await next.disconnect().catch(() => {});
+          throw notConnected();
+        }
+        connected = true;
+        return next;
+      } finally {
+        opening = undefined;
+      }
+    })();
+    return opening;
   }
+  const notConnected = () =>
+    new CairnError(
+      CairnErrorCodes.NotConnected,
+      `publisher to ${opts.brokers.join(',')} is not connected: call connect() before publish()`,
+    );
   return {
     address: opts.brokers.join(','),
-    connect: open,
+    async connect() {
+      if (connected && producer) return;
+      await open();
+    },
     async publish(messages) {
-      if (!producer) {
-        throw new CairnError(
-          CairnErrorCodes.NotConnected,
-          `publisher to ${opts.brokers.join(',')} is not connected: call connect() before publish()`,
-        );
-      }
+      if (!producer && !opening) throw notConnected();
       // The relay reconnects after a failed batch; when the broker was still down, the next
       // batch spent every retry (about 10 s after a broker restart in the chaos soak) on a
       // producer that never connected. Connecting again on each retry sends once it is back.
-      if (!connected) await open();
+      const p = connected && producer ? producer : await open();
       const byTopic = new Map<string, PublishMessage[]>();
       for (const m of messages) {
         const list = byTopic.get(m.topic) ?? [];
         list.push(m);
         byTopic.set(m.topic, list);
       }
-      await producer.sendBatch({
+      await p.sendBatch({
         acks: -1,
         ...(opts.compression ? { compression: CompressionTypes.GZIP } : {}),
         topicMessages: [...byTopic].map(([topic, list]) => ({
@@ -113,9 +135,10 @@ export function createKafkaPublisher(options: KafkaPublisherOptions): Publisher 
       });
     },
     async disconnect() {
-      connected = false;
-      await producer?.disconnect();
+      const p = producer;
       producer = undefined;
+      connected = false;
+      await p?.disconnect();
     },
   };
 }

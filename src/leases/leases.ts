@@ -57,7 +57,16 @@ export interface LeaseManager {
 }
 
 const MAX_TTL_MS = 86_400_000;
-const ttlMs = z.number().positive().max(MAX_TTL_MS, `must be at most ${MAX_TTL_MS} ms (24 h)`);
+/** Shorter than any real lease: a value this small is seconds passed where 0.3 takes milliseconds. */
+const MIN_TTL_MS = 100;
+const ttlMs = z
+  .number()
+  .int('must be a whole number of milliseconds')
+  .min(
+    MIN_TTL_MS,
+    `must be at least ${MIN_TTL_MS} ms: leases take milliseconds since 0.3 (seconds before: multiply by 1000)`,
+  )
+  .max(MAX_TTL_MS, `must be at most ${MAX_TTL_MS} ms (24 h)`);
 const TtlSchema = z.strictObject({ ttlMs });
 const LeaseRequestSchema = optionsSchema<LeaseRequest>()(
   z.strictObject({ taskId: opt.text(), branch: opt.text(), agentId: opt.text(), ttlMs }),

@@ -3,7 +3,7 @@ import { z } from 'zod';
 import type { Executor } from '../db/executor.js';
 import { LeaseLostError } from '../errors.js';
 import { type Fence, holdsFence } from '../leases/sql/fenceCheck.js';
-import { objectWith, optionsSchema, parseOptions } from '../options.js';
+import { objectWith, optionsSchema, parseOptions, refuseUnknownKeys } from '../options.js';
 import { laneOf } from './lanes.js';
 import {
   DEFAULT_MAX_PAYLOAD_BYTES,
@@ -45,6 +45,14 @@ export interface EnqueueContext {
   tenantId?: string;
 }
 
+const ENQUEUE_CONTEXT_KEYS = [
+  'lease',
+  'defaultKey',
+  'taskId',
+  'taskVersion',
+  'tenantId',
+] as const satisfies readonly (keyof EnqueueContext)[];
+
 /** The channel `notify` signals and relays with `wakeOnNotify` listen on. */
 export const OUTBOX_CHANNEL = 'cairn_outbox';
 
@@ -78,6 +86,7 @@ export function createOutbox(input: OutboxOptions = {}): Outbox {
   const maxPayloadBytes = options.maxPayloadBytes ?? DEFAULT_MAX_PAYLOAD_BYTES;
   const outbox: Outbox = {
     prepare(messages, ctx = {}) {
+      refuseUnknownKeys('enqueue context', ctx, ENQUEUE_CONTEXT_KEYS, { fence: 'lease' });
       return messages.map((m, i) => prepareMessage(m, i, { ...ctx, schemas, maxPayloadBytes }));
     },
     async enqueue(trx, messages, ctx = {}) {

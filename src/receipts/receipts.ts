@@ -8,7 +8,7 @@ import { CairnError, CairnErrorCodes, LeaseLostError, NotFoundError, ValidationE
 import type { Lease } from '../leases/leases.js';
 import { holdsFence } from '../leases/sql/fenceCheck.js';
 import { silentLogger } from '../logger.js';
-import { parseOptions } from '../options.js';
+import { parseOptions, refuseUnknownKeys } from '../options.js';
 import { parseStoredTaskState } from '../state/parseStored.js';
 import { compensateFrom, lateSuccess, type ReceiptContext, settled } from './compensation.js';
 import { ReceiptStoreOptionsSchema } from './options.js';
@@ -254,6 +254,7 @@ export function createReceiptStoreWithTestHooks(
       .executeTakeFirst();
     if (!gated) return store.runOnce(input); // someone else moved it: look again
     if (input.gate) {
+      refuseUnknownKeys('gate record', input.gate, ['store', 'actor', 'lease'], { fence: 'lease' });
       const task = await input.gate.store.get(input.taskId);
       if (task) {
         await input.gate.store.update({

@@ -10,7 +10,7 @@ import { mapSqlError, rethrowMapped, SqlState, sqlState } from '../db/sqlstate.j
 import { CairnError, LeaseLostError, NotFoundError, StaleWriteError, ValidationError } from '../errors.js';
 import { type Fence, holdsFence } from '../leases/sql/fenceCheck.js';
 import { type Logger, silentLogger } from '../logger.js';
-import { objectWith, opt, optionsSchema, parseOptions } from '../options.js';
+import { objectWith, opt, optionsSchema, parseOptions, refuseUnknownKeys } from '../options.js';
 import type { OutboxMessageInput } from '../outbox/message.js';
 import { createOutbox, type Outbox } from '../outbox/outbox.js';
 import { NewTask, TaskPatch } from '../schemas/taskPatch.js';
@@ -100,6 +100,18 @@ export interface UpdateInput {
   /** Join the caller's transaction. */
   trx?: Trx;
 }
+
+const UPDATE_KEYS = [
+  'taskId',
+  'expectedVersion',
+  'patch',
+  'actor',
+  'reason',
+  'messages',
+  'lease',
+  'checkpoint',
+  'trx',
+] as const satisfies readonly (keyof UpdateInput)[];
 
 /**
  * The new state and the ids of the messages enqueued with it, or `reason: 'stale_version'`
@@ -259,6 +271,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
     },
 
     async update(input) {
+      refuseUnknownKeys('task update', input, UPDATE_KEYS, { fence: 'lease' });
       checkActor(input.actor);
       const patch = parse(`patch for task ${input.taskId}`, TaskPatch, input.patch);
       const ex = input.trx ?? o.db;

@@ -59,7 +59,11 @@ function start(
   topic: string,
   groupId: string,
   handler: InboxHandler,
-  extra: { refuseStaleVersions?: boolean; dlqPublisher?: Publisher } = {},
+  extra: {
+    refuseStaleVersions?: boolean;
+    dlqPublisher?: Publisher;
+    onCommitted?: (c: { applied: number }) => void;
+  } = {},
 ) {
   consumer = createInboxConsumer({
     db: tdb.db,
@@ -231,6 +235,34 @@ describe('inbox consumer on a real broker and real Postgres', () => {
     expect(connects).toBe(2);
     const dlq = await readTopic(kafka, `${topic}.dlq`, (ms) => ms.length >= 2, 30_000);
     expect(new Set(dlq.map((m) => m.headers['cairn-message-id']))).toEqual(new Set(poisonIds));
+  });
+
+  it('a handler that throws null or undefined (not an Error) is retried, then dead-lettered: the partition moves on; an onCommitted that rejects is ignored', async () => {
+    await sql`TRUNCATE effects`.execute(tdb.db);
+    const topic = await createTestTopic('inbox', 1);
+    const odd = [uuid(), uuid()];
+    await produce(topic, [
+      { key: 'n', value: { key: 'n', seq: 1 }, headers: { 'cairn-message-id': odd[0]! } },
+      { key: 'n', value: { key: 'n', seq: 2 }, headers: { 'cairn-message-id': odd[1]! } },
+      { key: 'n', value: { key: 'n', seq: 3 }, headers: { 'cairn-message-id': uuid() } },
+    ]);
+    const handler: InboxHandler = async (trx, m) => {
+      const { seq } = m.json<{ seq: number }>();
+      // biome-ignore lint/complexity/noUselessUndefined: what a careless handler throws
+      if (seq === 1) throw null;
+      if (seq === 2) return Promise.reject(undefined);
+      await recordEffect(trx, m);
+    };
+    // Before the fix, reading `.retriable` of null threw inside the catch: the batch failed,
+    // was redelivered, failed again, forever; and a rejected onCommitted crashed the process.
+    const c = start(topic, `${topic}.g`, handler, { onCommitted: async () => Promise.reject(null) });
+    await waitFor(
+      'both odd throws dead-lettered and seq 3 applied',
+      () => c.stats().deadLettered === 2 && c.stats().applied === 1,
+      60_000,
+    );
+    const dlq = await readTopic(kafka, `${topic}.dlq`, (ms) => ms.length >= 2, 30_000);
+    expect(new Set(dlq.map((m) => m.headers['cairn-message-id']))).toEqual(new Set(odd));
   });
 
   it('`cairn inbox prune` deletes rows past the retention window and keeps the rest', async () => {

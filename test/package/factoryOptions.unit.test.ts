@@ -1,8 +1,8 @@
 /**
  * One convention for every public factory: one options object, validated with zod, a bad
  * field named with its value, an unknown key refused, and no test hooks in the documented
- * option types. Nothing here connects: the database is a stand-in with a Db's methods (a
- * factory only keeps it), and the Kafka clients are only made.
+ * option types. Nothing here connects: the database is made by createDb but never queried
+ * (a factory only keeps it), and the Kafka clients are only made.
  */
 import { describe, expect, expectTypeOf, it } from 'vitest';
 import {
@@ -24,6 +24,7 @@ import {
   createTaskStore,
   createTenantKeys,
   type Db,
+  forTenant,
   type ReceiptStoreOptions,
   type RetentionOptions,
   resume,
@@ -32,7 +33,7 @@ import {
 } from '../../src/index.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
 
-const db = { selectFrom() {}, transaction() {} } as unknown as Db;
+const db = createDb({ connectionString: 'postgres://127.0.0.1:1/never-queried', max: 1 });
 const brokers = ['127.0.0.1:1'];
 const publisher = createKafkaPublisher({ brokers });
 const subscriber = createKafkaSubscriber({ brokers, groupId: 'g', topics: ['t'] });
@@ -165,6 +166,33 @@ describe('every public factory validates its options with zod', () => {
     expect(err.message).toContain('"ttlSecondz"');
   });
 
+  it("a db not made by createDb (a transaction, the application's own Kysely) is refused by name, its password never shown", async () => {
+    const lookalike = { selectFrom() {}, transaction() {}, connectionString: 'postgres://u:hunter2@h/d' };
+    for (const bad of [
+      lookalike,
+      Object.assign(Object.create({ constructor: class Transaction {} }), lookalike),
+    ]) {
+      const err = await refusal(() => createTaskStore({ db: bad as unknown as Db }));
+      expect(err.message).toMatch(/db: must be a database made by createDb\(\) or forTenant\(\)/);
+      expect(err.message).not.toContain('hunter2');
+    }
+    expect(() => createTaskStore({ db: forTenant(db, 'acme') })).not.toThrow();
+  });
+
+  it('a duration past what a Node timer can wait is refused, not turned into a 1 ms loop', async () => {
+    const err = await refusal(() =>
+      createInboxConsumer({
+        db,
+        subscriber,
+        dlqPublisher: publisher,
+        groupId: 'g',
+        handler: async () => {},
+        pruneEveryMs: 2 ** 31,
+      }),
+    );
+    expect(err.message).toContain('pruneEveryMs');
+  });
+
   it('the documented option types hold no test hooks', () => {
     expectTypeOf<RelayOptions>().not.toHaveProperty('hooks');
     expectTypeOf<InboxConsumerOptions>().not.toHaveProperty('hooks');
@@ -174,5 +202,43 @@ describe('every public factory validates its options with zod', () => {
     expectTypeOf<KafkaSubscriberOptions>().not.toHaveProperty('hooks');
     // The inbox consumer's per-commit counts are a documented callback, not a hook.
     expectTypeOf<InboxConsumerOptions>().toHaveProperty('onCommitted');
+  });
+});
+
+describe('inputs renamed in 0.3 are refused by their old name, never silently ignored', () => {
+  const actor = 'spiffe://acme.example/agents/a';
+  const staleLease = { taskId: 't', branch: 'main', leaseId: 'l', fencingToken: 1 };
+
+  it('update({ fence }): refused before anything is read or written (an ignored fence would leave the write unfenced)', async () => {
+    const err = await refusal(() =>
+      store.update({
+        taskId: 't',
+        expectedVersion: 1,
+        patch: {},
+        actor,
+        ...({ fence: staleLease } as object),
+      }),
+    );
+    expect(err.message).toContain('fence: renamed to lease');
+  });
+
+  it('enqueue context { fence }: refused before anything is written', async () => {
+    const outbox = createOutbox();
+    const err = await refusal(() =>
+      outbox.enqueue(db as never, [{ topic: 't', payload: {} }], { fence: staleLease } as never),
+    );
+    expect(err.message).toContain('fence: renamed to lease');
+  });
+
+  it('renew(lease, 30) and acquire({ ttlMs: 5 }): seconds passed where milliseconds are taken are refused with the hint', async () => {
+    const lease = { ...staleLease, holder: 'a', expiresAt: new Date() } as never;
+    for (const call of [
+      () => leases.renew(lease, 30),
+      () => leases.acquire({ taskId: 't', branch: 'main', agentId: 'a', ttlMs: 5 }),
+    ]) {
+      expect((await refusal(call)).message).toMatch(
+        /ttlMs: must be at least 100 ms: leases take milliseconds/,
+      );
+    }
   });
 });
