@@ -17,8 +17,11 @@ export default defineConfig({
           sequence: { groupOrder: 1 },
           include: ['test/**/*.int.test.ts'],
           globalSetup: ['test/support/globalSetup.ts'],
-          testTimeout: 120_000,
-          hookTimeout: 120_000,
+          // Deadlines, not measures: with two CPU hogs competing for the two cores, a test that
+          // spawns a dozen CLI processes (each a Node start and a TypeScript load) or races 50
+          // writers took up to 120 s.
+          testTimeout: 300_000,
+          hookTimeout: 300_000,
           // Two cores shared with Postgres and the broker: two files at a time.
           maxWorkers: 2,
           fileParallelism: true,
