@@ -104,9 +104,11 @@ export async function readTopicsToEnd(
   try {
     for (const topic of topics) {
       // Right after a broker restart or a leader election the broker answers "not the leader"
-      // for a while: an outage of seconds, not an answer. Retried; anything else is thrown.
+      // or "in the middle of a leadership election" for a while (a minute on a starved
+      // machine): an outage, not an answer. Retried until the deadline; anything else is thrown.
       const offsets = await pRetry(() => admin.fetchTopicOffsets(topic), {
-        retries: 10,
+        retries: Number.POSITIVE_INFINITY,
+        maxRetryTime: deadlineMs,
         minTimeout: 200,
         maxTimeout: 3000,
         shouldRetry: ({ error }) => (error as { retriable?: unknown }).retriable === true,

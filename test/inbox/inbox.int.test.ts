@@ -248,7 +248,6 @@ describe('inbox consumer on a real broker and real Postgres', () => {
     ]);
     const handler: InboxHandler = async (trx, m) => {
       const { seq } = m.json<{ seq: number }>();
-      // biome-ignore lint/complexity/noUselessUndefined: what a careless handler throws
       if (seq === 1) throw null;
       if (seq === 2) return Promise.reject(undefined);
       await recordEffect(trx, m);
