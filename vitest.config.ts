@@ -34,7 +34,7 @@ export default defineConfig({
           sequence: { groupOrder: 2 },
           include: ['test/**/*.chaos.test.ts'],
           globalSetup: ['test/support/globalSetup.ts'],
-          testTimeout: 240_000,
+          testTimeout: 600_000,
           hookTimeout: 120_000,
           maxWorkers: 1,
           fileParallelism: false,
