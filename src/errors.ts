@@ -68,6 +68,10 @@ export const CairnErrorCodes = {
   WorkflowMismatch: 'workflow_mismatch',
   /** The current policy does not allow what was asked (resuming a task). */
   NotAuthorized: 'not_authorized',
+  /** A LangGraph checkpoint put that would fork its thread, or overwrite a checkpoint (CairnSaver). */
+  CheckpointConflict: 'checkpoint_conflict',
+  /** A LangGraph checkpoint asked for by id failed verification: it is never returned (CairnSaver). */
+  CheckpointInvalid: 'checkpoint_invalid',
   /** The `cairn` command line was given an unknown command or bad arguments (exit 2). */
   Usage: 'usage',
 } as const;

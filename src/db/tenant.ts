@@ -156,8 +156,14 @@ export function isCairnDb(db: unknown): boolean {
   return typeof db === 'object' && db !== null && (settings.has(db as Db) || parents.has(db as Db));
 }
 
-/** Each tenant view's parent database. */
+/** Each tenant view's parent database, and the tenant it acts for. */
 const parents = new WeakMap<Db, Db>();
+const tenants = new WeakMap<Db, string>();
+
+/** The tenant a database made by forTenant acts for; undefined for any other. */
+export function tenantOf(db: Db): string | undefined {
+  return tenants.get(db);
+}
 
 /** Closes the tenant views of a database (createDb's destroy does this). */
 export async function destroyTenantViews(db: Db): Promise<void> {
@@ -192,6 +198,7 @@ export function forTenant(db: Db, tenantId: string, login: TenantLogin = {}): Db
     view = new Kysely<Database>({ dialect });
     byTenant.set(tenantId, view);
     parents.set(view, db);
+    tenants.set(view, tenantId);
   }
   return view;
 }
