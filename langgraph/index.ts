@@ -2,11 +2,6 @@
  * `@cairn-state/cairn/langgraph`: a LangGraph JS checkpoint saver on Cairn's Postgres. Needs
  * `@langchain/langgraph-checkpoint` (an optional peer dependency of Cairn) installed beside it.
  */
-export {
-  type BoundaryRule,
-  CairnSaver,
-  type CairnSaverOptions,
-  createCairnSaver,
-  DEFAULT_BOUNDARY,
-  type SkippedCheckpoint,
-} from './cairnSaver.js';
+export { CairnSaver, createCairnSaver, type ThreadEvent } from './cairnSaver.js';
+export { type BoundaryRule, type CairnSaverOptions, DEFAULT_BOUNDARY } from './options.js';
+export type { ThreadEventKind } from './sql/threadMaintenance.js';

@@ -63,7 +63,13 @@ export function writeDigest(
 /** The digest of a checkpoint row: its bytes, its parent and the parent's digest (the chain). */
 export function checkpointDigest(
   s: ThreadScope,
-  at: { checkpointId: string; parentId: string | null; prevDigest: string | null },
+  at: {
+    checkpointId: string;
+    parentId: string | null;
+    prevDigest: string | null;
+    /** The blobs this put wrote: channel -> [version, digest]. */
+    blobs: Record<string, [string, string]>;
+  },
   checkpoint: TypedBytes,
   metadata: TypedBytes,
 ): string {
@@ -76,6 +82,7 @@ export function checkpointDigest(
       id: at.checkpointId,
       parent: at.parentId,
       prev: at.prevDigest,
+      blobs: at.blobs,
       cp: [checkpoint.type, bytesDigest(checkpoint.bytes)],
       md: [metadata.type, bytesDigest(metadata.bytes)],
     }),

@@ -40,6 +40,9 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       metadata_type        text NOT NULL,
       versions             jsonb NOT NULL,
       metadata_json        jsonb NOT NULL,
+      -- The digests of the blobs this put wrote ({channel: [version, digest]}), inside the
+      -- checkpoint's own digest: a value of its own that is missing or replaced is caught.
+      blob_digests         jsonb NOT NULL,
       boundary             boolean NOT NULL DEFAULT false,
       digest               text NOT NULL,
       prev_digest          text,

@@ -26,7 +26,9 @@ const initializer = {
     return new CairnSaver({ db: t.db, keyRing: { current: 'k1', keys: { k1: Buffer.alloc(32, 7) } } });
   },
   async destroyCheckpointer() {
-    await sql`DELETE FROM lg_write; DELETE FROM lg_blob; DELETE FROM lg_checkpoint; DELETE FROM lg_event`.execute(t.db);
+    await sql`DELETE FROM lg_write; DELETE FROM lg_blob; DELETE FROM lg_checkpoint; DELETE FROM lg_event`.execute(
+      t.db,
+    );
   },
 };
 validate<CairnSaver>(initializer);

@@ -1,0 +1,95 @@
+import { sql } from 'kysely';
+import type { Executor } from '../../src/db/executor.js';
+
+/** Deletes every row of a thread (all namespaces); the legal-hold trigger refuses a held one. */
+export function deleteThreadRows(ex: Executor, tenant: string, thread: string) {
+  return sql`
+    WITH w AS (DELETE FROM lg_write WHERE tenant_id = ${tenant} AND thread_id = ${thread}),
+         b AS (DELETE FROM lg_blob WHERE tenant_id = ${tenant} AND thread_id = ${thread}),
+         z AS (DELETE FROM lg_compacted WHERE tenant_id = ${tenant} AND thread_id = ${thread})
+    DELETE FROM lg_checkpoint WHERE tenant_id = ${tenant} AND thread_id = ${thread}
+  `.execute(ex);
+}
+
+/**
+ * Removes, per namespace, the checkpoints before the newest boundary that are not boundaries
+ * themselves, with their pending writes, keeping each one's digest (its child's chain still
+ * checks). Data-modifying CTEs all run, referenced or not, on one snapshot.
+ */
+export function compactCheckpoints(ex: Executor, tenant: string, thread: string) {
+  return sql<{ removed: string }>`
+    WITH last AS (
+      SELECT checkpoint_ns, max(checkpoint_id) AS boundary_id FROM lg_checkpoint
+       WHERE tenant_id = ${tenant} AND thread_id = ${thread} AND boundary
+       GROUP BY checkpoint_ns
+    ), victims AS (
+      SELECT c.checkpoint_ns, c.checkpoint_id, c.digest FROM lg_checkpoint c JOIN last l USING (checkpoint_ns)
+       WHERE c.tenant_id = ${tenant} AND c.thread_id = ${thread} AND NOT c.boundary
+         AND c.checkpoint_id < l.boundary_id
+    ), kept AS (
+      INSERT INTO lg_compacted (tenant_id, thread_id, checkpoint_ns, checkpoint_id, digest)
+      SELECT ${tenant}, ${thread}, checkpoint_ns, checkpoint_id, digest FROM victims
+      ON CONFLICT DO NOTHING
+    ), writes AS (
+      DELETE FROM lg_write w USING victims v
+       WHERE w.tenant_id = ${tenant} AND w.thread_id = ${thread}
+         AND w.checkpoint_ns = v.checkpoint_ns AND w.checkpoint_id = v.checkpoint_id
+    ), gone AS (
+      DELETE FROM lg_checkpoint c USING victims v
+       WHERE c.tenant_id = ${tenant} AND c.thread_id = ${thread}
+         AND c.checkpoint_ns = v.checkpoint_ns AND c.checkpoint_id = v.checkpoint_id
+      RETURNING 1
+    )
+    SELECT count(*) AS removed FROM gone
+  `.execute(ex);
+}
+
+/** Blobs of a thread that no remaining checkpoint names (run after compactCheckpoints, in its transaction). */
+export function deleteUnreferencedBlobs(ex: Executor, tenant: string, thread: string) {
+  return sql`
+    DELETE FROM lg_blob b
+     WHERE b.tenant_id = ${tenant} AND b.thread_id = ${thread}
+       AND NOT EXISTS (
+         SELECT 1 FROM lg_checkpoint c
+          WHERE c.tenant_id = b.tenant_id AND c.thread_id = b.thread_id AND c.checkpoint_ns = b.checkpoint_ns
+            AND c.versions ->> b.channel = b.version)
+  `.execute(ex);
+}
+
+/** Marks one checkpoint as a boundary (the only column a tenant may update). */
+export function markBoundaryRow(ex: Executor, tenant: string, thread: string, ns: string, id: string) {
+  return sql`
+    UPDATE lg_checkpoint SET boundary = true
+     WHERE tenant_id = ${tenant} AND thread_id = ${thread} AND checkpoint_ns = ${ns} AND checkpoint_id = ${id}
+  `.execute(ex);
+}
+
+/** What the saver skipped or refused, recorded once per checkpoint and kind. */
+export type ThreadEventKind = 'skipped_invalid' | 'fork_refused';
+
+export function recordEvent(
+  ex: Executor,
+  at: { tenant: string; thread: string; ns: string; checkpointId: string },
+  event: ThreadEventKind,
+  detail: string,
+) {
+  return sql`
+    INSERT INTO lg_event (tenant_id, thread_id, checkpoint_ns, checkpoint_id, event, detail)
+    VALUES (${at.tenant}, ${at.thread}, ${at.ns}, ${at.checkpointId}, ${event}, ${detail.slice(0, 2000)})
+    ON CONFLICT DO NOTHING
+  `.execute(ex);
+}
+
+export function selectEvents(ex: Executor, tenant: string, thread: string) {
+  return sql<{
+    thread_id: string;
+    checkpoint_ns: string;
+    checkpoint_id: string;
+    event: ThreadEventKind;
+    detail: string;
+    at: Date;
+  }>`
+    SELECT thread_id, checkpoint_ns, checkpoint_id, event, detail, at FROM lg_event
+     WHERE tenant_id = ${tenant} AND thread_id = ${thread} ORDER BY id
+  `.execute(ex);
+}
