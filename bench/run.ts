@@ -1,6 +1,7 @@
 /** `npm run bench -- <name> [--quick] [flags]`: runs one benchmark, prints figures and a final JSON line. */
 import { benchCas } from './cas.js';
 import { benchInbox } from './inbox.js';
+import { benchLanggraph } from './langgraph.js';
 import { benchRelay } from './relay.js';
 import { benchWakeup } from './wakeup.js';
 
@@ -9,6 +10,7 @@ const benches: Record<string, (args: string[]) => Promise<Record<string, unknown
   relay: benchRelay,
   inbox: benchInbox,
   wakeup: benchWakeup,
+  langgraph: benchLanggraph,
 };
 
 const [name, ...args] = process.argv.slice(2);

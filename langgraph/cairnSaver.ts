@@ -15,7 +15,14 @@ import { rethrowMapped } from '../src/db/sqlstate.js';
 import { tenantOf } from '../src/db/tenant.js';
 import { CairnError, CairnErrorCodes, ConfigurationError, ValidationError } from '../src/errors.js';
 import { parseOptions } from '../src/options.js';
-import { blobDigest, checkpointDigest, signDigest, type TypedBytes, writeDigest } from './integrity.js';
+import {
+  blobDigest,
+  checkpointDigest,
+  signDigest,
+  type ThreadScope,
+  type TypedBytes,
+  writeDigest,
+} from './integrity.js';
 import {
   type BoundaryRule,
   type CairnSaverOptions,
@@ -25,7 +32,7 @@ import {
   scopeOf,
 } from './options.js';
 import { RowCodec } from './rowCodec.js';
-import { insertPut, lockThread, readHead } from './sql/putCheckpoint.js';
+import { type PutOutcome, putCheckpoint } from './sql/putCheckpoint.js';
 import { selectCheckpoints } from './sql/selectCheckpoints.js';
 import {
   compactCheckpoints,
@@ -50,6 +57,10 @@ export interface ThreadEvent {
 
 const decoder = new TextDecoder();
 
+/** Digests of checkpoints this saver wrote or read, so a put rarely has to ask for its parent's. */
+const DIGESTS_KEPT = 10_000;
+const digestKey = (s: ThreadScope, id: string) => `${s.ns}\n${s.thread}\n${id}`;
+
 const requireThreadId = (what: string, threadId: unknown): string => {
   if (typeof threadId !== 'string' || threadId === '') {
     throw new ValidationError(what, [
@@ -73,6 +84,7 @@ export class CairnSaver extends BaseCheckpointSaver {
   private readonly boundary: BoundaryRule;
   private readonly keyRing: CairnSaverOptions['keyRing'];
   private readonly codec: RowCodec;
+  private readonly digests = new Map<string, string>();
 
   constructor(input: CairnSaverOptions) {
     const options = parseOptions('CairnSaver options', CairnSaverOptionsSchema, input);
@@ -97,6 +109,11 @@ export class CairnSaver extends BaseCheckpointSaver {
     });
   }
 
+  /**
+   * Stores a checkpoint (its channel values as blobs, once per channel version) in one
+   * transaction, after checking under a per-thread lock that its parent is still the head
+   * (forks: 'refuse'). Refused puts throw `checkpoint_conflict` and are recorded in `events`.
+   */
   async put(
     config: RunnableConfig,
     checkpoint: Checkpoint,
@@ -141,76 +158,96 @@ export class CairnSaver extends BaseCheckpointSaver {
       string,
       [string, string]
     >;
+    const rows = {
+      channel: blobs.map((b) => b.channel),
+      version: blobs.map((b) => b.version),
+      type: blobs.map((b) => b.type),
+      blob: blobs.map((b) => b.bytes),
+      key: blobs.map((b) => b.keyId),
+      digest: blobs.map((b) => b.digest),
+      sigKey: blobs.map((b) => b.sigKey),
+      sig: blobs.map((b) => b.sig),
+    };
+    // The parent's digest, as this saver last wrote or read it; cairn_lg_put checks it under
+    // the thread's lock and returns the stored one when it differs (then the put is computed
+    // again, once).
+    let prevDigest = parentId === null ? null : (this.digests.get(digestKey(s, parentId)) ?? null);
     let refused: string | undefined;
-    try {
-      await this.db.transaction().execute(async (trx) => {
-        await lockThread(trx, s);
-        const head = (await readHead(trx, s, parentId, checkpoint.id)).rows[0]!;
-        const prevDigest = parentId === null ? null : head.parent_digest;
-        const digest = checkpointDigest(
-          s,
-          { checkpointId: checkpoint.id, parentId, prevDigest, blobs: blobMap },
-          cp,
-          md,
-        );
-        if (head.existing_digest !== null) {
-          if (head.existing_digest === digest) return; // the same put again (a retry after a lost reply)
+    for (let attempt = 0; refused === undefined; attempt++) {
+      const digest = checkpointDigest(
+        s,
+        { checkpointId: checkpoint.id, parentId, prevDigest, blobs: blobMap },
+        cp,
+        md,
+      );
+      const sig = signDigest(digest, this.keyRing);
+      let r: { outcome: PutOutcome; head: string | null; parent_digest: string | null };
+      try {
+        r = (
+          await putCheckpoint(this.db, s, this.forks === 'refuse', {
+            blobs: rows,
+            checkpoint: {
+              id: checkpoint.id,
+              parentId,
+              bytes: cp.bytes!,
+              type: cp.type,
+              metadata: md.bytes!,
+              metadataType: md.type,
+              versions: JSON.stringify(checkpoint.channel_versions ?? {}),
+              metadataJson,
+              boundary,
+              digest,
+              prevDigest,
+              blobDigests: JSON.stringify(blobMap),
+              sigKey: sig.sigKey,
+              sig: sig.sig,
+            },
+          })
+        ).rows[0]!;
+      } catch (err) {
+        rethrowMapped(err);
+      }
+      switch (r.outcome) {
+        case 'ok':
+        case 'exists': // the same put again (a retry after a lost reply)
+          this.remember(s, checkpoint.id, digest);
+          return configOf(s, checkpoint.id);
+        case 'parent_digest':
+          if (attempt === 0) {
+            prevDigest = r.parent_digest;
+            continue;
+          }
+          refused = `the parent ${parentId} of thread ${s.thread} changed while the put was computed`;
+          break;
+        case 'conflict_exists':
           refused = `checkpoint ${checkpoint.id} already exists in thread ${s.thread} with other content; checkpoints are never overwritten`;
-          return;
-        }
-        // A put names the checkpoint it continues from; if that is no longer the head, another
-        // writer moved the thread since this one read it. A put without a parent starts a
-        // history (LangGraph's first checkpoint of a thread): two writers that both start one
-        // on an empty thread are caught at the older one's next put, whose parent is then no
-        // longer the head.
-        if (this.forks === 'refuse' && parentId !== null && head.head !== parentId) {
-          refused = `the parent ${parentId} is not the head of thread ${s.thread} (${head.head ?? 'none'}): another writer moved it, or this is a fork from an older checkpoint (forks: 'allow' permits them)`;
-          return;
-        }
-        if (this.forks === 'refuse' && head.head !== null && checkpoint.id <= head.head) {
-          refused = `checkpoint ${checkpoint.id} does not sort after the head ${head.head} of thread ${s.thread}: ids must grow along a thread`;
-          return;
-        }
-        const sig = signDigest(digest, this.keyRing);
-        await insertPut(trx, s, {
-          blobs: {
-            channel: blobs.map((b) => b.channel),
-            version: blobs.map((b) => b.version),
-            type: blobs.map((b) => b.type),
-            blob: blobs.map((b) => b.bytes),
-            key: blobs.map((b) => b.keyId),
-            digest: blobs.map((b) => b.digest),
-            sigKey: blobs.map((b) => b.sigKey),
-            sig: blobs.map((b) => b.sig),
-          },
-          checkpoint: {
-            id: checkpoint.id,
-            parentId,
-            bytes: cp.bytes!,
-            type: cp.type,
-            metadata: md.bytes!,
-            metadataType: md.type,
-            versions: JSON.stringify(checkpoint.channel_versions ?? {}),
-            metadataJson,
-            boundary,
-            digest,
-            prevDigest,
-            blobDigests: JSON.stringify(blobMap),
-            sigKey: sig.sigKey,
-            sig: sig.sig,
-          },
-        });
-      });
-    } catch (err) {
-      rethrowMapped(err);
+          break;
+        case 'fork':
+          // A put names the checkpoint it continues from; if that is no longer the head,
+          // another writer moved the thread since this one read it. A put without a parent
+          // starts a history (LangGraph's first checkpoint of a thread): two writers that both
+          // start one on an empty thread are caught at the older one's next put, whose parent
+          // is then no longer the head.
+          refused = `the parent ${parentId} is not the head of thread ${s.thread} (${r.head ?? 'none'}): another writer moved it, or this is a fork from an older checkpoint (forks: 'allow' permits them)`;
+          break;
+        case 'id_order':
+          refused = `checkpoint ${checkpoint.id} does not sort after the head ${r.head} of thread ${s.thread}: ids must grow along a thread`;
+          break;
+      }
     }
-    if (refused !== undefined) {
-      await recordEvent(this.db, { ...s, checkpointId: checkpoint.id }, 'fork_refused', refused);
-      throw new CairnError(CairnErrorCodes.CheckpointConflict, `CairnSaver.put refused: ${refused}`);
-    }
-    return configOf(s, checkpoint.id);
+    await recordEvent(this.db, { ...s, checkpointId: checkpoint.id }, 'fork_refused', refused);
+    throw new CairnError(CairnErrorCodes.CheckpointConflict, `CairnSaver.put refused: ${refused}`);
   }
 
+  /** Remembers a checkpoint's digest (bounded: the oldest are forgotten first). */
+  private remember(s: ThreadScope, id: string, digest: string): void {
+    const key = digestKey(s, id);
+    this.digests.delete(key);
+    this.digests.set(key, digest);
+    if (this.digests.size > DIGESTS_KEPT) this.digests.delete(this.digests.keys().next().value!);
+  }
+
+  /** Stores a task's pending writes for a checkpoint (LangGraph's pending work), each row digested and signed. */
   async putWrites(
     config: RunnableConfig,
     writes: PendingWrite[],
@@ -278,6 +315,11 @@ export class CairnSaver extends BaseCheckpointSaver {
     }
   }
 
+  /**
+   * The checkpoint named by `checkpoint_id`, or the thread's newest one that verifies: a
+   * corrupt newer one is skipped and recorded, as `resume` does. A checkpoint asked for by id
+   * that fails verification throws `checkpoint_invalid`; it is never returned.
+   */
   async getTuple(config: RunnableConfig): Promise<CheckpointTuple | undefined> {
     const thread = config?.configurable?.thread_id;
     if (thread === undefined || thread === null) return undefined; // LangGraph's contract: no thread, no tuple
@@ -289,7 +331,10 @@ export class CairnSaver extends BaseCheckpointSaver {
       );
       if (!rows[0]) return undefined;
       const v = await this.codec.verify(rows[0]);
-      if (v.ok) return v.tuple;
+      if (v.ok) {
+        this.remember(s, s.id, rows[0].digest);
+        return v.tuple;
+      }
       await recordEvent(this.db, { ...s, checkpointId: s.id }, 'skipped_invalid', v.message);
       throw new CairnError(
         CairnErrorCodes.CheckpointInvalid,
@@ -306,12 +351,16 @@ export class CairnSaver extends BaseCheckpointSaver {
       const row = rows[0];
       if (!row) return undefined;
       const v = await this.codec.verify(row);
-      if (v.ok) return v.tuple;
+      if (v.ok) {
+        this.remember(s, row.checkpoint_id, row.digest);
+        return v.tuple;
+      }
       await recordEvent(this.db, { ...s, checkpointId: row.checkpoint_id }, 'skipped_invalid', v.message);
       before = row.checkpoint_id;
     }
   }
 
+  /** Checkpoints newest first (thread, namespace, metadata filter, before, limit); those that fail verification are skipped and recorded. */
   async *list(config: RunnableConfig, options?: CheckpointListOptions): AsyncGenerator<CheckpointTuple> {
     const c = config?.configurable ?? {};
     const parts = [sql`cp.tenant_id = ${this.tenant}`];
@@ -339,6 +388,11 @@ export class CairnSaver extends BaseCheckpointSaver {
     for (const row of rows) {
       const v = await this.codec.verify(row);
       if (v.ok) {
+        this.remember(
+          { tenant: this.tenant, thread: row.thread_id, ns: row.checkpoint_ns },
+          row.checkpoint_id,
+          row.digest,
+        );
         yield v.tuple;
         continue;
       }
@@ -356,6 +410,7 @@ export class CairnSaver extends BaseCheckpointSaver {
     }
   }
 
+  /** Deletes a thread's checkpoints, values and writes in every namespace; refused under a legal hold. */
   async deleteThread(threadId: string): Promise<void> {
     requireThreadId('CairnSaver.deleteThread', threadId);
     try {

@@ -61,10 +61,10 @@ export function selectCheckpoints(where: RawBuilder<unknown>, tail: RawBuilder<u
         SELECT array_agg(bl.channel) AS b_channel, array_agg(bl.version) AS b_version, array_agg(bl.type) AS b_type,
                array_agg(bl.blob) AS b_blob, array_agg(bl.key_id) AS b_key, array_agg(bl.digest) AS b_digest,
                array_agg(bl.sig_key) AS b_sig_key, array_agg(bl.sig) AS b_sig
-          FROM jsonb_each_text(cp.versions) v
+          FROM cairn_lg_versions(cp.versions) v
           JOIN lg_blob bl
             ON bl.tenant_id = cp.tenant_id AND bl.thread_id = cp.thread_id AND bl.checkpoint_ns = cp.checkpoint_ns
-           AND bl.channel = v.key AND bl.version = v.value
+           AND bl.channel = v.channel AND bl.version = v.version
       ) b
       CROSS JOIN LATERAL (
         SELECT array_agg(cw.task_id ORDER BY cw.task_path COLLATE "C", cw.task_id COLLATE "C", cw.idx) AS w_task,
