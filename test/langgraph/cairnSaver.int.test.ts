@@ -282,11 +282,17 @@ describe('CairnSaver: tenants', () => {
 
   it('a legal hold on the tenant refuses deleting its threads and compacting them; released, both work', async () => {
     const saver = new CairnSaver({ db: asA });
-    await history(saver, 'held-1', 2);
+    const c = await history(saver, 'held-1', 3);
+    await saver.markBoundary(c[2]!); // step 1 is now compactable
     await placeHold(t.db, { tenantId: 'tenant-a', reason: 'litigation 42', actor: 'legal' });
     await expect(saver.deleteThread('held-1')).rejects.toMatchObject({ code: 'legal_hold' });
+    await expect(saver.compact('held-1')).rejects.toMatchObject({ code: 'legal_hold' });
+    await expect(sql`DELETE FROM lg_checkpoint WHERE thread_id = 'held-1'`.execute(asA)).rejects.toThrow(
+      /legal hold/,
+    );
     expect(await saver.getTuple({ configurable: { thread_id: 'held-1' } })).toBeDefined();
     await releaseHold(t.db, { tenantId: 'tenant-a', actor: 'legal' });
+    expect(await saver.compact('held-1')).toEqual({ removed: 1 });
     await saver.deleteThread('held-1');
     expect(await saver.getTuple({ configurable: { thread_id: 'held-1' } })).toBeUndefined();
   });
