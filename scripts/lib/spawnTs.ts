@@ -55,12 +55,18 @@ function bundle(entry: string): string {
 }
 
 /**
- * Starts a TypeScript entry point (path relative to the repository) as a real child process.
- * With CAIRN_CHILD_LOG_DIR set, each child's whole output is also appended to `<dir>/<name>.log`:
- * a failed chaos run otherwise keeps only the last 20 kB of a process that exited by itself.
+ * Starts a TypeScript entry point (path relative to the repository; or `[path, ...argv]` to
+ * pass it a command line) as a real child process. With CAIRN_CHILD_LOG_DIR set, each child's
+ * whole output is also appended to `<dir>/<name>.log`: a failed chaos run otherwise keeps only
+ * the last 20 kB of a process that exited by itself.
  */
-export function spawnTs(name: string, entry: string, env: Record<string, string>): Child {
-  const proc = spawn(process.execPath, [bundle(entry)], {
+export function spawnTs(
+  name: string,
+  entry: string | readonly [string, ...string[]],
+  env: Record<string, string>,
+): Child {
+  const [path, ...argv] = typeof entry === 'string' ? [entry] : entry;
+  const proc = spawn(process.execPath, [bundle(path), ...argv], {
     cwd: repoRoot,
     env: { ...process.env, CAIRN_LOG_LEVEL: process.env.CAIRN_LOG_LEVEL ?? 'warn', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
