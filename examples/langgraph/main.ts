@@ -8,7 +8,7 @@
  */
 import { Kafka, logLevel } from 'kafkajs';
 import { z } from 'zod';
-import { parseScriptArgs } from '../../cli/parseScriptArgs.js';
+import { numberFlag, parseScriptArgs } from '../../cli/parseScriptArgs.js';
 import { CairnSaver } from '../../langgraph/index.js';
 import { createKafkaPublisher, createRelay, type Relay } from '../../relay/index.js';
 import { startSink } from '../../scripts/lib/effectSink.js';
@@ -62,7 +62,7 @@ flags:
     brokers: z.string(),
     topic: z.string().regex(/^[A-Za-z0-9._-]{1,249}$/, { message: 'must be a Kafka topic name' }),
     'deploy-url': z.union([z.literal(''), z.url()]),
-    'deploy-lease-ms': z.string().regex(/^\d+$/).transform(Number).pipe(z.number().min(100)),
+    'deploy-lease-ms': numberFlag({ atLeast: 100 }, { integer: true }),
   }),
 });
 const log = (line: string) => process.stderr.write(`[example] ${line}\n`);
