@@ -100,15 +100,17 @@ if (!head) {
   log(`thread ${taskId}: new run`);
   await graph.invoke({ taskId, taskVersion: 1 }, config);
 } else {
+  // The tasks of the step after the head, with those that saved their writes (LangGraph's
+  // `next` leaves those out, and is empty when every task of the step saved its writes).
   const before = await graph.getState(config);
-  if (before.next.length > 0) {
+  if (before.tasks.length > 0) {
     resumedFrom = {
       checkpointId: String(head.config.configurable?.checkpoint_id),
       step: head.metadata?.step ?? -1,
-      next: [...before.next],
+      next: before.tasks.map((t) => t.name),
     };
     log(
-      `thread ${taskId}: resuming from checkpoint ${resumedFrom.checkpointId} (step ${resumedFrom.step}) at ${before.next.join(', ')}`,
+      `thread ${taskId}: resuming from checkpoint ${resumedFrom.checkpointId} (step ${resumedFrom.step}) at ${resumedFrom.next.join(', ')}`,
     );
     await graph.invoke(null, config);
   } else {
@@ -122,7 +124,7 @@ const published = relay ? await drainOutbox(db, relay) : false;
 const summary = {
   thread: taskId,
   resumedFrom: resumedFrom ?? null,
-  finished: final.next.length === 0,
+  finished: final.tasks.length === 0,
   status: task?.status,
   version: task?.version,
   stepsDone: AGENTS.filter((a) => final.values.answers?.[a] !== undefined),
