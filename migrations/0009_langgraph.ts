@@ -140,8 +140,14 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     BEGIN
       PERFORM pg_advisory_xact_lock(hashtextextended(
         'cairn.langgraph' || E'\n' || p_tenant || E'\n' || p_thread || E'\n' || p_ns, 0));
+      -- The head is the newest checkpoint not recorded as failing verification: a resume that
+      -- fell back past a corrupt one continues from the one getTuple returned.
       SELECT c.checkpoint_id INTO v_head FROM lg_checkpoint c
        WHERE c.tenant_id = p_tenant AND c.thread_id = p_thread AND c.checkpoint_ns = p_ns
+         AND NOT EXISTS (SELECT 1 FROM lg_event e
+                          WHERE e.tenant_id = c.tenant_id AND e.thread_id = c.thread_id
+                            AND e.checkpoint_ns = c.checkpoint_ns AND e.checkpoint_id = c.checkpoint_id
+                            AND e.event = 'skipped_invalid')
        ORDER BY c.checkpoint_id DESC LIMIT 1;
       SELECT c.digest INTO v_existing FROM lg_checkpoint c
        WHERE c.tenant_id = p_tenant AND c.thread_id = p_thread AND c.checkpoint_ns = p_ns AND c.checkpoint_id = p_id;

@@ -155,6 +155,10 @@ describe('CairnSaver: integrity', () => {
     expect(listed).not.toContain(newest);
     await saver.getTuple({ configurable: { thread_id: 'flip-1' } });
     expect((await events('flip-1')).rows).toHaveLength(1); // read again: recorded once
+    // A graph resumed from the fallback continues from it: the corrupt head is no head.
+    const next = checkpointWith({ notes: 'resumed' }, 4);
+    const resumed = await saver.put(tuple!.config, next, meta(3), next.channel_versions);
+    expect((await saver.getTuple({ configurable: { thread_id: 'flip-1' } }))?.config).toEqual(resumed);
   });
 
   it('every row is checked: checkpoint bytes, pending writes, a row moved to another thread, a deleted parent', async () => {
