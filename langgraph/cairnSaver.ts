@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import type { RunnableConfig } from '@langchain/core/runnables';
 import {
   BaseCheckpointSaver,
@@ -15,6 +16,7 @@ import { rethrowMapped } from '../src/db/sqlstate.js';
 import { tenantOf } from '../src/db/tenant.js';
 import { CairnError, CairnErrorCodes, ConfigurationError, ValidationError } from '../src/errors.js';
 import { parseOptions } from '../src/options.js';
+import { compactThread } from './compaction.js';
 import {
   blobDigest,
   checkpointDigest,
@@ -35,9 +37,7 @@ import { RowCodec } from './rowCodec.js';
 import { type PutOutcome, putCheckpoint } from './sql/putCheckpoint.js';
 import { selectCheckpoints } from './sql/selectCheckpoints.js';
 import {
-  compactCheckpoints,
   deleteThreadRows,
-  deleteUnreferencedBlobs,
   markBoundaryRow,
   recordEvent,
   selectEvents,
@@ -85,6 +85,8 @@ export class CairnSaver extends BaseCheckpointSaver {
   private readonly keyRing: CairnSaverOptions['keyRing'];
   private readonly codec: RowCodec;
   private readonly digests = new Map<string, string>();
+  /** This instance's writer id: it may start a history on a thread whose head it wrote itself. */
+  private readonly writerId = randomUUID();
 
   constructor(input: CairnSaverOptions) {
     const options = parseOptions('CairnSaver options', CairnSaverOptionsSchema, input);
@@ -147,7 +149,14 @@ export class CairnSaver extends BaseCheckpointSaver {
           plain.bytes,
           `lg.blob:${s.thread}/${s.ns}/${channel}/${version}`,
         );
-        return { channel, version, type, ...sealed, digest, ...signDigest(digest, this.keyRing) };
+        return {
+          channel,
+          version,
+          type,
+          ...sealed,
+          digest,
+          ...signDigest(digest, this.keyRing, sealed.keyId),
+        };
       }),
     );
     const metadataJson =
@@ -171,7 +180,8 @@ export class CairnSaver extends BaseCheckpointSaver {
     // The parent's digest, as this saver last wrote or read it; cairn_lg_put checks it under
     // the thread's lock and returns the stored one when it differs (then the put is computed
     // again, once).
-    let prevDigest = parentId === null ? null : (this.digests.get(digestKey(s, parentId)) ?? null);
+    const known = parentId === null ? undefined : this.digests.get(digestKey(s, parentId));
+    let prevDigest = known ?? null;
     let refused: string | undefined;
     for (let attempt = 0; refused === undefined; attempt++) {
       const digest = checkpointDigest(
@@ -184,25 +194,30 @@ export class CairnSaver extends BaseCheckpointSaver {
       let r: { outcome: PutOutcome; head: string | null; parent_digest: string | null };
       try {
         r = (
-          await putCheckpoint(this.db, s, this.forks === 'refuse', {
-            blobs: rows,
-            checkpoint: {
-              id: checkpoint.id,
-              parentId,
-              bytes: cp.bytes!,
-              type: cp.type,
-              metadata: md.bytes!,
-              metadataType: md.type,
-              versions: JSON.stringify(checkpoint.channel_versions ?? {}),
-              metadataJson,
-              boundary,
-              digest,
-              prevDigest,
-              blobDigests: JSON.stringify(blobMap),
-              sigKey: sig.sigKey,
-              sig: sig.sig,
+          await putCheckpoint(
+            this.db,
+            s,
+            { id: this.writerId, refuseForks: this.forks === 'refuse' },
+            {
+              blobs: rows,
+              checkpoint: {
+                id: checkpoint.id,
+                parentId,
+                bytes: cp.bytes!,
+                type: cp.type,
+                metadata: md.bytes!,
+                metadataType: md.type,
+                versions: JSON.stringify(checkpoint.channel_versions ?? {}),
+                metadataJson,
+                boundary,
+                digest,
+                prevDigest,
+                blobDigests: JSON.stringify(blobMap),
+                sigKey: sig.sigKey,
+                sig: sig.sig,
+              },
             },
-          })
+          )
         ).rows[0]!;
       } catch (err) {
         rethrowMapped(err);
@@ -213,11 +228,19 @@ export class CairnSaver extends BaseCheckpointSaver {
           this.remember(s, checkpoint.id, digest);
           return configOf(s, checkpoint.id);
         case 'parent_digest':
-          if (attempt === 0) {
+          // Not known here: take the stored one (the next read of the parent verifies it). Known
+          // and different: the parent row was replaced since this saver wrote or read it.
+          if (attempt === 0 && known === undefined) {
             prevDigest = r.parent_digest;
             continue;
           }
-          refused = `the parent ${parentId} of thread ${s.thread} changed while the put was computed`;
+          refused =
+            r.parent_digest === null
+              ? `the parent ${parentId} of thread ${s.thread} is gone`
+              : `the parent ${parentId} of thread ${s.thread} is not the checkpoint this saver saw (its digest changed)`;
+          break;
+        case 'blob_conflict':
+          refused = `another value is already stored under a channel version this put writes in thread ${s.thread} (a fork that counted versions the same way)`;
           break;
         case 'conflict_exists':
           refused = `checkpoint ${checkpoint.id} already exists in thread ${s.thread} with other content; checkpoints are never overwritten`;
@@ -286,7 +309,7 @@ export class CairnSaver extends BaseCheckpointSaver {
           blob: sealed.bytes!,
           key: sealed.keyId,
           digest,
-          ...signDigest(digest, this.keyRing),
+          ...signDigest(digest, this.keyRing, sealed.keyId),
         };
       }),
     );
@@ -398,12 +421,7 @@ export class CairnSaver extends BaseCheckpointSaver {
       }
       await recordEvent(
         this.db,
-        {
-          tenant: this.tenant,
-          thread: row.thread_id,
-          ns: row.checkpoint_ns,
-          checkpointId: row.checkpoint_id,
-        },
+        { thread: row.thread_id, ns: row.checkpoint_ns, checkpointId: row.checkpoint_id },
         'skipped_invalid',
         v.message,
       );
@@ -433,19 +451,17 @@ export class CairnSaver extends BaseCheckpointSaver {
   }
 
   /**
-   * Removes the per-step checkpoints of a thread that lie before its newest boundary and are
-   * not boundaries themselves, with their pending writes and the blobs no remaining checkpoint
-   * names. Each removed checkpoint's digest is kept, so its child's chain still verifies.
-   * The head and everything after the newest boundary stay. Refused under a legal hold.
+   * Removes the per-step checkpoints of a thread that lie before its newest boundary: under
+   * the thread's lock, each namespace's history is walked from its newest checkpoint that
+   * verifies, through parents that verify; the non-boundary checkpoints on that chain older
+   * than its newest boundary go, with their pending writes and the values nothing else names.
+   * Rows that fail verification and other branches are left alone. Each removed checkpoint's
+   * digest is kept, so its child's chain still verifies. Refused under a legal hold.
    */
   async compact(threadId: string): Promise<{ removed: number }> {
     requireThreadId('CairnSaver.compact', threadId);
     try {
-      return await this.db.transaction().execute(async (trx) => {
-        const { rows } = await compactCheckpoints(trx, this.tenant, threadId);
-        await deleteUnreferencedBlobs(trx, this.tenant, threadId);
-        return { removed: Number(rows[0]?.removed ?? 0) };
-      });
+      return await compactThread(this.db, this.codec, this.tenant, threadId);
     } catch (err) {
       rethrowMapped(err);
     }

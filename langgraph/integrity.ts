@@ -95,10 +95,17 @@ export interface RowSignature {
   sig: string | null;
 }
 
-const mac = (key: Buffer, digest: string) =>
-  createHmac('sha256', key).update(`cairn.langgraph\n${digest}`).digest();
+/** The HMAC covers the digest and the id of the data key the stored bytes are sealed with (not in the digest, which is of the plaintext). */
+const mac = (key: Buffer, digest: string, keyId: string | null) =>
+  createHmac('sha256', key)
+    .update(`cairn.langgraph\n${digest}\n${keyId ?? ''}`)
+    .digest();
 
-export function signDigest(digest: string, ring: KeyRing | undefined): RowSignature {
+export function signDigest(
+  digest: string,
+  ring: KeyRing | undefined,
+  keyId: string | null = null,
+): RowSignature {
   if (!ring) return { sigKey: null, sig: null };
   const key = ring.keys[ring.current];
   if (!key) {
@@ -107,7 +114,7 @@ export function signDigest(digest: string, ring: KeyRing | undefined): RowSignat
       `signing key ${ring.current} is not in the key ring (it has ${Object.keys(ring.keys).join(', ') || 'none'}): set \`current\` to one of its keys`,
     );
   }
-  return { sigKey: ring.current, sig: mac(key, digest).toString('base64url') };
+  return { sigKey: ring.current, sig: mac(key, digest, keyId).toString('base64url') };
 }
 
 /** Undefined when the row's signature holds (or no ring is configured), else what is wrong. */
@@ -115,13 +122,14 @@ export function signatureProblem(
   digest: string,
   s: RowSignature,
   ring: KeyRing | undefined,
+  keyId: string | null = null,
 ): string | undefined {
   if (!ring) return undefined;
   if (!s.sig || !s.sigKey) return 'not signed but a key ring is configured';
   const key = ring.keys[s.sigKey];
   if (!key) return `signed with key ${s.sigKey}, which is not in the key ring`;
   const got = Buffer.from(s.sig, 'base64url');
-  const want = mac(key, digest);
+  const want = mac(key, digest, keyId);
   return got.length === want.length && timingSafeEqual(got, want)
     ? undefined
     : `signature does not match (key ${s.sigKey})`;

@@ -7,6 +7,7 @@ import {
   type SerializerProtocol,
   TASKS,
 } from '@langchain/langgraph-checkpoint';
+import { canonicalBytes } from '../src/canonical.js';
 import type { KeyRing } from '../src/checkpoints/signing.js';
 import type { TenantKeys } from '../src/crypto/tenantKeys.js';
 import type { Db } from '../src/db/database.js';
@@ -23,6 +24,11 @@ import {
 import { configOf } from './options.js';
 import type { CheckpointRow } from './sql/selectCheckpoints.js';
 import { selectPendingSends, type WriteRow } from './sql/writes.js';
+
+const textDecoder = new TextDecoder();
+/** The JSON the saver stored beside the serializer's bytes (NUL escapes dropped: jsonb refuses them). */
+const jsonOf = (bytes: Buffer): unknown => JSON.parse(textDecoder.decode(bytes).replace(/\\u0000/g, ''));
+const sameJson = (a: unknown, b: unknown): boolean => canonicalBytes(a).equals(canonicalBytes(b));
 
 /** What the codec needs of its saver. */
 export interface RowCodecContext {
@@ -111,6 +117,12 @@ export class RowCodec {
       return bad(`does not decode: ${(err as Error).message}`);
     }
     const versions = checkpoint.channel_versions ?? {};
+    // The SQL copies (the blob join, list filters) must say what the verified bytes say.
+    if (!sameJson(row.versions, versions))
+      return bad('its versions column differs from its verified versions');
+    if (!sameJson(row.metadata_json, md.type === 'json' ? jsonOf(row.metadata) : {})) {
+      return bad('its metadata_json column differs from its verified metadata');
+    }
     const channelValues: Record<string, unknown> = {};
     const loaded = new Map<string, string>();
     const n = row.b_channel?.length ?? 0;
@@ -118,6 +130,16 @@ export class RowCodec {
       const channel = row.b_channel![i]!;
       const version = row.b_version![i]!;
       if (String(versions[channel]) !== version) continue; // not this checkpoint's version
+      // The signature first: it vouches for the stored digest and the data key's id, so a
+      // key id that was tampered with is corruption, and a vouched-for key that cannot be
+      // had is an outage.
+      const p = signatureProblem(
+        row.b_digest![i]!,
+        { sigKey: row.b_sig_key![i] ?? null, sig: row.b_sig![i] ?? null },
+        this.ctx.keyRing,
+        row.b_key![i] ?? null,
+      );
+      if (p) return bad(`channel ${channel} ${p}`);
       const plain = await this.open(
         row.b_blob![i] ?? null,
         row.b_key![i] ?? null,
@@ -128,12 +150,6 @@ export class RowCodec {
       const d = blobDigest(s, channel, version, { type, bytes: plain });
       if (d !== row.b_digest![i])
         return bad(`channel ${channel} (version ${version}) does not match its digest`);
-      const p = signatureProblem(
-        d,
-        { sigKey: row.b_sig_key![i] ?? null, sig: row.b_sig![i] ?? null },
-        this.ctx.keyRing,
-      );
-      if (p) return bad(`channel ${channel} ${p}`);
       loaded.set(channel, d);
       if (type !== 'empty' && plain !== null)
         channelValues[channel] = await this.ctx.serde.loadsTyped(type, plain);
@@ -193,6 +209,13 @@ export class RowCodec {
     s: ThreadScope,
     r: WriteRow,
   ): Promise<{ ok: true; row: WriteRow; value: unknown } | { ok: false; message: string }> {
+    const p = signatureProblem(
+      r.digest,
+      { sigKey: r.sig_key, sig: r.sig } satisfies RowSignature,
+      this.ctx.keyRing,
+      r.key_id,
+    );
+    if (p) return { ok: false, message: `pending write ${r.task_id}/${r.idx} ${p}` };
     const plain = await this.open(
       r.blob,
       r.key_id,
@@ -213,8 +236,6 @@ export class RowCodec {
     );
     if (d !== r.digest)
       return { ok: false, message: `pending write ${r.task_id}/${r.idx} does not match its digest` };
-    const p = signatureProblem(d, { sigKey: r.sig_key, sig: r.sig } satisfies RowSignature, this.ctx.keyRing);
-    if (p) return { ok: false, message: `pending write ${r.task_id}/${r.idx} ${p}` };
     return { ok: true, row: r, value: await this.ctx.serde.loadsTyped(r.type, plain!) };
   }
 

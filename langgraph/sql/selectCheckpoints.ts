@@ -13,6 +13,11 @@ export interface CheckpointRow {
   digest: string;
   prev_digest: string | null;
   blob_digests: Record<string, [string, string]>;
+  /** A retention hint outside the digest (markBoundary may set it). */
+  boundary: boolean;
+  /** SQL copies of what the bytes hold; verify checks they agree. */
+  versions: Record<string, unknown>;
+  metadata_json: unknown;
   sig_key: string | null;
   sig: string | null;
   /** The parent's digest (or the one compaction kept); null when no parent row is there. */
@@ -47,7 +52,7 @@ export interface CheckpointRow {
 export function selectCheckpoints(where: RawBuilder<unknown>, tail: RawBuilder<unknown>) {
   return sql<CheckpointRow>`
     SELECT cp.thread_id, cp.checkpoint_ns, cp.checkpoint_id, cp.parent_checkpoint_id, cp.checkpoint,
-           cp.checkpoint_type, cp.metadata, cp.metadata_type, cp.digest, cp.prev_digest, cp.blob_digests, cp.sig_key, cp.sig,
+           cp.checkpoint_type, cp.metadata, cp.metadata_type, cp.digest, cp.prev_digest, cp.blob_digests, cp.boundary, cp.versions, cp.metadata_json, cp.sig_key, cp.sig,
            coalesce(p.digest, z.digest) AS parent_digest,
            b.*, w.*
       FROM lg_checkpoint cp

@@ -6,29 +6,37 @@ export function deleteThreadRows(ex: Executor, tenant: string, thread: string) {
   return sql`
     WITH w AS (DELETE FROM lg_write WHERE tenant_id = ${tenant} AND thread_id = ${thread}),
          b AS (DELETE FROM lg_blob WHERE tenant_id = ${tenant} AND thread_id = ${thread}),
-         z AS (DELETE FROM lg_compacted WHERE tenant_id = ${tenant} AND thread_id = ${thread})
+         z AS (DELETE FROM lg_compacted WHERE tenant_id = ${tenant} AND thread_id = ${thread}),
+         t AS (DELETE FROM lg_thread WHERE tenant_id = ${tenant} AND thread_id = ${thread})
     DELETE FROM lg_checkpoint WHERE tenant_id = ${tenant} AND thread_id = ${thread}
   `.execute(ex);
 }
 
+/** Locks every namespace of a thread against puts (the rows row-level security lets this tenant see). */
+export function lockThreadRows(ex: Executor, tenant: string, thread: string) {
+  return sql`SELECT 1 FROM lg_thread WHERE tenant_id = ${tenant} AND thread_id = ${thread} FOR UPDATE`.execute(
+    ex,
+  );
+}
+
 /**
- * Removes, per namespace, the checkpoints before the newest boundary that are not boundaries
- * themselves, with their pending writes, keeping each one's digest (its child's chain still
- * checks). Data-modifying CTEs all run, referenced or not, on one snapshot.
+ * Removes the named checkpoints with their pending writes, keeping each one's digest (its
+ * child's chain still checks). Data-modifying CTEs all run, referenced or not, on one snapshot.
  */
-export function compactCheckpoints(ex: Executor, tenant: string, thread: string) {
+export function compactCheckpoints(
+  ex: Executor,
+  tenant: string,
+  thread: string,
+  victims: { ns: string[]; id: string[] },
+) {
   return sql<{ removed: string }>`
-    WITH last AS (
-      SELECT checkpoint_ns, max(checkpoint_id) AS boundary_id FROM lg_checkpoint
-       WHERE tenant_id = ${tenant} AND thread_id = ${thread} AND boundary
-       GROUP BY checkpoint_ns
-    ), victims AS (
-      SELECT c.checkpoint_ns, c.checkpoint_id, c.digest FROM lg_checkpoint c JOIN last l USING (checkpoint_ns)
-       WHERE c.tenant_id = ${tenant} AND c.thread_id = ${thread} AND NOT c.boundary
-         AND c.checkpoint_id < l.boundary_id
+    WITH victims AS (
+      SELECT * FROM unnest(${victims.ns}::text[], ${victims.id}::text[]) AS v (checkpoint_ns, checkpoint_id)
     ), kept AS (
       INSERT INTO lg_compacted (tenant_id, thread_id, checkpoint_ns, checkpoint_id, digest)
-      SELECT ${tenant}, ${thread}, checkpoint_ns, checkpoint_id, digest FROM victims
+      SELECT ${tenant}, ${thread}, c.checkpoint_ns, c.checkpoint_id, c.digest
+        FROM lg_checkpoint c JOIN victims v ON v.checkpoint_ns = c.checkpoint_ns AND v.checkpoint_id = c.checkpoint_id
+       WHERE c.tenant_id = ${tenant} AND c.thread_id = ${thread}
       ON CONFLICT DO NOTHING
     ), writes AS (
       DELETE FROM lg_write w USING victims v
@@ -64,20 +72,19 @@ export function markBoundaryRow(ex: Executor, tenant: string, thread: string, ns
   `.execute(ex);
 }
 
-/** What the saver skipped or refused, recorded once per checkpoint and kind. */
+/** What the saver skipped or refused, one row per checkpoint and kind. */
 export type ThreadEventKind = 'skipped_invalid' | 'fork_refused';
 
+/** Records an event for the connection's own tenant (cairn_lg_record: tenants cannot insert events themselves). */
 export function recordEvent(
   ex: Executor,
-  at: { tenant: string; thread: string; ns: string; checkpointId: string },
+  at: { thread: string; ns: string; checkpointId: string },
   event: ThreadEventKind,
   detail: string,
 ) {
-  return sql`
-    INSERT INTO lg_event (tenant_id, thread_id, checkpoint_ns, checkpoint_id, event, detail)
-    VALUES (${at.tenant}, ${at.thread}, ${at.ns}, ${at.checkpointId}, ${event}, ${detail.slice(0, 2000)})
-    ON CONFLICT DO NOTHING
-  `.execute(ex);
+  return sql`SELECT cairn_lg_record(${at.thread}, ${at.ns}, ${at.checkpointId}, ${event}, ${detail})`.execute(
+    ex,
+  );
 }
 
 export function selectEvents(ex: Executor, tenant: string, thread: string) {

@@ -226,6 +226,11 @@ describe('CairnSaver: tenants', () => {
     await expect(
       sql`INSERT INTO lg_event (tenant_id, thread_id, checkpoint_ns, checkpoint_id, event, detail)
           VALUES ('tenant-a', 'shared-name', '', 'x', 'fork_refused', 'forged')`.execute(asB),
+    ).rejects.toThrow(/permission denied/); // events are the saver's to write (cairn_lg_record)
+    await expect(
+      sql`INSERT INTO lg_thread (tenant_id, thread_id, checkpoint_ns) VALUES ('tenant-a', 'shared-name', 'x')`.execute(
+        asB,
+      ),
     ).rejects.toThrow(/row-level security/);
     // B's own thread of the same name is B's alone; deleting it leaves A's.
     await history(b, 'shared-name', 2);
