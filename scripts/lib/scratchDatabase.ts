@@ -1,4 +1,6 @@
+import pRetry from 'p-retry';
 import pg from 'pg';
+import { isConfigurationSqlError } from '../../src/db/sqlstate.js';
 
 export interface ScratchDatabase {
   name: string;
@@ -8,13 +10,42 @@ export interface ScratchDatabase {
   drop(): Promise<void>;
 }
 
-async function onServer<T>(serverUrl: string, fn: (c: pg.Client) => Promise<T>): Promise<T> {
-  const client = new pg.Client({ connectionString: serverUrl, connectionTimeoutMillis: 5000 });
-  await client.connect();
+/**
+ * A connection to the server, tried again until `deadlineMs`: a server that does not answer in
+ * time (under two CPU hogs and a chaos soak, at a load average of 99, a connection took more
+ * than the 5 s each attempt allows: "timeout expired") is an outage, not a failed test. A
+ * configuration error (credentials refused) is thrown at once.
+ */
+async function onServer<T>(
+  serverUrl: string,
+  fn: (c: pg.Client) => Promise<T>,
+  deadlineMs = 120_000,
+): Promise<T> {
+  const client = await pRetry(
+    async () => {
+      // A client whose connect failed cannot connect again: a new one each attempt.
+      const c = new pg.Client({ connectionString: serverUrl, connectionTimeoutMillis: 5000 });
+      c.on('error', () => {}); // a server gone after the connect: the query in flight fails instead
+      try {
+        await c.connect();
+        return c;
+      } catch (err) {
+        await c.end().catch(() => {});
+        throw err;
+      }
+    },
+    {
+      retries: Number.POSITIVE_INFINITY,
+      maxRetryTime: deadlineMs,
+      minTimeout: 200,
+      maxTimeout: 2000,
+      shouldRetry: ({ error }) => !isConfigurationSqlError(error),
+    },
+  );
   try {
     return await fn(client);
   } finally {
-    await client.end();
+    await client.end().catch(() => {});
   }
 }
 
@@ -34,10 +65,11 @@ export async function createScratchDatabase(
   });
   const u = new URL(serverUrl);
   u.pathname = `/${name}`;
-  return {
-    name,
-    url: u.toString(),
-    drop: () =>
-      onServer(serverUrl, (c) => c.query(`DROP DATABASE IF EXISTS ${id} WITH (FORCE)`)).then(() => {}),
-  };
+  return { name, url: u.toString(), drop: () => dropScratchDatabase(serverUrl, name) };
+}
+
+/** Drops the database `name` if it exists, ending any sessions still connected to it. */
+export async function dropScratchDatabase(serverUrl: string, name: string): Promise<void> {
+  const id = pg.escapeIdentifier(name);
+  await onServer(serverUrl, (c) => c.query(`DROP DATABASE IF EXISTS ${id} WITH (FORCE)`));
 }

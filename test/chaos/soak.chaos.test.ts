@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { describe, expect, inject, it } from 'vitest';
 import { runSoak } from '../../scripts/chaos/soak.js';
-import { createScratchDatabase } from '../../scripts/lib/scratchDatabase.js';
+import { dropScratchDatabase } from '../../scripts/lib/scratchDatabase.js';
 
 describe('chaos soak (short: one minute of faults)', () => {
   it('every kind of fault is injected and the independent checker finds 0 violations', async () => {
@@ -28,7 +28,7 @@ describe('chaos soak (short: one minute of faults)', () => {
         if (kind !== 'broker_restart' || inject('kafkaLocal')) expect(n, kind).toBeGreaterThan(0);
       }
     } finally {
-      await (await createScratchDatabase(inject('databaseUrl'), database, { recreate: true })).drop();
+      await dropScratchDatabase(inject('databaseUrl'), database);
     }
   }, 900_000); // a deadline, not a measure: on a busy machine the settle phase waits while work shrinks
 });
