@@ -106,7 +106,15 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
   const sessionTimeoutMs = o.sessionTimeoutMs ?? fromEnv('CAIRN_CHAOS_SESSION_TIMEOUT_MS', 10_000);
   o.log(`[chaos] leases ${leaseTtlMs} ms, Kafka sessions ${sessionTimeoutMs} ms`);
   const scratch = await createScratchDatabase(o.databaseUrl, o.database, { recreate: true });
-  const db = createDb({ connectionString: scratch.url, max: 6, applicationName: 'cairn-chaos-orchestrator' });
+  // A deadline, not a measure: at a load average of 80 to 99 a new connection took more than the
+  // 5 s default ("Connection terminated due to connection timeout" from a fault and the checker),
+  // and a slow server must not fail the checker as if a check had found a violation.
+  const db = createDb({
+    connectionString: scratch.url,
+    max: 6,
+    applicationName: 'cairn-chaos-orchestrator',
+    connectionTimeoutMillis: 60_000,
+  });
   await migrateToLatest(db);
   await sql`CREATE TABLE demo_event (kind text NOT NULL, n int NOT NULL, at timestamptz NOT NULL DEFAULT now())`.execute(
     db,
