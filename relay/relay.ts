@@ -139,6 +139,9 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
         owned = await renewLanes(db, instanceId, ttlMs);
       }
     });
+    // Awaited by finishDelete (which rethrows); meanwhile a failure must not be an unhandled
+    // rejection, which ends the process while the loop waits on the broker.
+    deleting.catch(() => {});
   }
 
   const vacuumEvery = options.vacuumEveryDeletes ?? 50_000;
