@@ -1,6 +1,7 @@
 import type { RunnableConfig } from '@langchain/core/runnables';
 import type { Checkpoint, CheckpointMetadata, SerializerProtocol } from '@langchain/langgraph-checkpoint';
 import { z } from 'zod';
+import { KeyRingSchema } from '../src/checkpoints/options.js';
 import type { KeyRing } from '../src/checkpoints/signing.js';
 import type { TenantKeys } from '../src/crypto/tenantKeys.js';
 import type { Db } from '../src/db/database.js';
@@ -47,15 +48,7 @@ export const CairnSaverOptionsSchema = optionsSchema<CairnSaverOptions>()(
   z.strictObject({
     db: opt.db(),
     forks: z.enum(['refuse', 'allow']).optional(),
-    keyRing: z
-      .strictObject({
-        current: opt.text(),
-        keys: z.record(
-          z.string(),
-          z.custom<Buffer>((v) => Buffer.isBuffer(v), { message: 'must be a Buffer (the key bytes)' }),
-        ),
-      })
-      .optional(),
+    keyRing: KeyRingSchema.optional(),
     keys: objectWith<TenantKeys>('TenantKeys (createTenantKeys())', 'seal', 'open').optional(),
     boundary: opt.fn<BoundaryRule>('a function (metadata, checkpoint) => boolean').optional(),
     serde: objectWith<SerializerProtocol>('a LangGraph serializer', 'dumpsTyped', 'loadsTyped').optional(),

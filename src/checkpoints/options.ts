@@ -5,20 +5,21 @@ import type { CheckpointerOptions } from './checkpoints.js';
 import type { Classification } from './classification.js';
 import type { SnapshotStore } from './snapshotStore.js';
 
+/** A signing key ring (KeyRing): the current key's id and every key by id, as Buffers. */
+export const KeyRingSchema = z.strictObject({
+  current: opt.text(),
+  keys: z.record(
+    z.string(),
+    z.custom<Buffer>((v) => Buffer.isBuffer(v), { message: 'must be a Buffer (the key bytes)' }),
+  ),
+});
+
 /** What createCheckpointer accepts, checked once: an unknown key or a bad value is a ValidationError naming it. */
 export const CheckpointerOptionsSchema = optionsSchema<CheckpointerOptions>()(
   z.strictObject({
     db: opt.db(),
     snapshots: objectWith<SnapshotStore>('a SnapshotStore (put, get)', 'put', 'get').optional(),
-    keyRing: z
-      .strictObject({
-        current: opt.text(),
-        keys: z.record(
-          z.string(),
-          z.custom<Buffer>((v) => Buffer.isBuffer(v), { message: 'must be a Buffer (the key bytes)' }),
-        ),
-      })
-      .optional(),
+    keyRing: KeyRingSchema.optional(),
     keys: objectWith<TenantKeys>('TenantKeys (createTenantKeys())', 'seal', 'open').optional(),
     // Each field's class is checked by validateClassification, which names the bad one.
     classification: z

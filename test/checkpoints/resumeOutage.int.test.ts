@@ -19,6 +19,7 @@ import type { ResumeOptions } from '../../src/recovery/resume.js';
 import { type Policy, resume } from '../../src/recovery/resume.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { AGENT } from '../state/fixtures.js';
+import { switchableProvider } from '../support/keyProviders.js';
 import { waitForLeaseExpiry } from '../support/leases.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
@@ -38,20 +39,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await tdb?.drop();
 });
-
-/** A key provider that can go down: then every unwrap throws, as a KMS out of reach does. */
-function switchableProvider(inner: KeyProvider) {
-  const s = { down: false };
-  const provider: KeyProvider = {
-    currentKekId: () => inner.currentKekId(),
-    wrap: (id, key, context) => inner.wrap(id, key, context),
-    unwrap: async (id, wrapped, context) => {
-      if (s.down) throw new Error('KMS unreachable');
-      return inner.unwrap(id, wrapped, context);
-    },
-  };
-  return { provider, s };
-}
 
 function resumeOpts(store: TaskStore, checkpoints: Checkpointer, extra: Partial<ResumeOptions> = {}) {
   return resumeOptions({ db: tdb.db, store, checkpoints }, { actor: RESUMER, ...extra });

@@ -7,10 +7,11 @@ import { type Checkpoint, emptyCheckpoint, uuid6 } from '@langchain/langgraph-ch
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CairnSaver } from '../../langgraph/index.js';
-import { type KeyProvider, localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
+import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys } from '../../src/crypto/tenantKeys.js';
 import type { Db } from '../../src/db/database.js';
 import { placeHold, releaseHold } from '../../src/retention/holds.js';
+import { switchableProvider } from '../support/keyProviders.js';
 import { twoTenants } from '../support/tenants.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
@@ -265,16 +266,7 @@ describe('CairnSaver: tenants', () => {
     expect(rows).toEqual([{ n: 0 }]);
     expect((await saver.getTuple(cfg))?.pendingWrites).toEqual([['task', 'notes', 'SECRET-WRITE-4711']]);
 
-    const s = { down: false };
-    const inner = localKeyring(keyringPath);
-    const provider: KeyProvider = {
-      currentKekId: () => inner.currentKekId(),
-      wrap: (id, key, ctx) => inner.wrap(id, key, ctx),
-      unwrap: async (id, wrapped, ctx) => {
-        if (s.down) throw new Error('KMS unreachable');
-        return inner.unwrap(id, wrapped, ctx);
-      },
-    };
+    const { provider, s } = switchableProvider(localKeyring(keyringPath));
     s.down = true;
     const reader = new CairnSaver({ db: asA, keys: createTenantKeys({ db: t.db, provider }), keyRing: ring });
     await expect(reader.getTuple({ configurable: { thread_id: 'enc-1' } })).rejects.toThrow(
