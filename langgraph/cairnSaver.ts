@@ -17,58 +17,30 @@ import { tenantOf } from '../src/db/tenant.js';
 import { CairnError, CairnErrorCodes, ConfigurationError, ValidationError } from '../src/errors.js';
 import { parseOptions } from '../src/options.js';
 import { compactThread } from './compaction.js';
-import {
-  blobDigest,
-  checkpointDigest,
-  signDigest,
-  type ThreadScope,
-  type TypedBytes,
-  writeDigest,
-} from './integrity.js';
+import { DigestCache } from './digestCache.js';
+import { blobDigest, checkpointDigest, metadataJsonText, type TypedBytes, writeDigest } from './integrity.js';
 import {
   type BoundaryRule,
   type CairnSaverOptions,
   CairnSaverOptionsSchema,
   configOf,
   DEFAULT_BOUNDARY,
+  requireCheckpointId,
+  requireThreadId,
   scopeOf,
 } from './options.js';
 import { RowCodec } from './rowCodec.js';
-import { type PutOutcome, putCheckpoint } from './sql/putCheckpoint.js';
+import { toColumns } from './sql/columns.js';
+import { type PutOutcome, putCheckpoint, refusalOf } from './sql/putCheckpoint.js';
 import { selectCheckpoints } from './sql/selectCheckpoints.js';
 import {
   deleteThreadRows,
+  listEvents,
   markBoundaryRow,
   recordEvent,
-  selectEvents,
-  type ThreadEventKind,
+  type ThreadEvent,
 } from './sql/threadMaintenance.js';
 import { insertWrites } from './sql/writes.js';
-
-/** A checkpoint the saver skipped (it failed verification) or a put it refused, as recorded. */
-export interface ThreadEvent {
-  threadId: string;
-  checkpointNs: string;
-  checkpointId: string;
-  event: ThreadEventKind;
-  reason: string;
-  at: Date;
-}
-
-const decoder = new TextDecoder();
-
-/** Digests of checkpoints this saver wrote or read, so a put rarely has to ask for its parent's. */
-const DIGESTS_KEPT = 10_000;
-const digestKey = (s: ThreadScope, id: string) => `${s.ns}\n${s.thread}\n${id}`;
-
-const requireThreadId = (what: string, threadId: unknown): string => {
-  if (typeof threadId !== 'string' || threadId === '') {
-    throw new ValidationError(what, [
-      { path: 'threadId', message: 'must be a non-empty string', value: threadId },
-    ]);
-  }
-  return threadId;
-};
 
 /**
  * A LangGraph checkpoint saver on Cairn's Postgres: LangGraph's contract (getTuple, list,
@@ -82,9 +54,8 @@ export class CairnSaver extends BaseCheckpointSaver {
   private readonly tenant: string;
   private readonly forks: 'refuse' | 'allow';
   private readonly boundary: BoundaryRule;
-  private readonly keyRing: CairnSaverOptions['keyRing'];
   private readonly codec: RowCodec;
-  private readonly digests = new Map<string, string>();
+  private readonly digests = new DigestCache();
   /** This instance's writer id: it may start a history on a thread whose head it wrote itself. */
   private readonly writerId = randomUUID();
 
@@ -95,7 +66,6 @@ export class CairnSaver extends BaseCheckpointSaver {
     this.tenant = tenantOf(options.db) ?? '';
     this.forks = options.forks ?? 'refuse';
     this.boundary = options.boundary ?? DEFAULT_BOUNDARY;
-    this.keyRing = options.keyRing;
     if (options.keys && this.tenant === '') {
       throw new ConfigurationError(
         "CairnSaver: keys encrypt with a tenant's data key, and this db acts for no tenant: pass db: forTenant(db, tenant)",
@@ -143,44 +113,25 @@ export class CairnSaver extends BaseCheckpointSaver {
           channel in values
             ? await this.serde.dumpsTyped((values as Record<string, unknown>)[channel])
             : ['empty', null];
-        const plain: TypedBytes = { type, bytes: bytes === null ? null : Buffer.from(bytes) };
-        const digest = blobDigest(s, channel, version, plain);
-        const sealed = await this.codec.seal(
-          plain.bytes,
+        const plain = bytes === null ? null : Buffer.from(bytes);
+        const digest = blobDigest(s, channel, version, { type, bytes: plain });
+        const sealed = await this.codec.sealValue(
+          digest,
+          plain,
           `lg.blob:${s.thread}/${s.ns}/${channel}/${version}`,
         );
-        return {
-          channel,
-          version,
-          type,
-          ...sealed,
-          digest,
-          ...signDigest(digest, this.keyRing, sealed.keyId),
-        };
+        return { channel, version, type, ...sealed };
       }),
     );
-    const metadataJson =
-      mdType === 'json' ? decoder.decode(mdBytes).replace(/\\u0000/g, '') : JSON.stringify({});
     const boundary = this.boundary(metadata, checkpoint) === true;
-
-    const blobMap = Object.fromEntries(blobs.map((b) => [b.channel, [b.version, b.digest]])) as Record<
-      string,
-      [string, string]
-    >;
-    const rows = {
-      channel: blobs.map((b) => b.channel),
-      version: blobs.map((b) => b.version),
-      type: blobs.map((b) => b.type),
-      blob: blobs.map((b) => b.bytes),
-      key: blobs.map((b) => b.keyId),
-      digest: blobs.map((b) => b.digest),
-      sigKey: blobs.map((b) => b.sigKey),
-      sig: blobs.map((b) => b.sig),
-    };
+    const blobMap: Record<string, [string, string]> = Object.fromEntries(
+      blobs.map((b) => [b.channel, [b.version, b.digest]]),
+    );
+    const rows = toColumns(blobs, ['channel', 'version', 'type', 'blob', 'key', 'digest', 'sigKey', 'sig']);
     // The parent's digest, as this saver last wrote or read it; cairn_lg_put checks it under
     // the thread's lock and returns the stored one when it differs (then the put is computed
     // again, once).
-    const known = parentId === null ? undefined : this.digests.get(digestKey(s, parentId));
+    const known = parentId === null ? undefined : this.digests.get(s, parentId);
     let prevDigest = known ?? null;
     let refused: string | undefined;
     for (let attempt = 0; refused === undefined; attempt++) {
@@ -190,7 +141,7 @@ export class CairnSaver extends BaseCheckpointSaver {
         cp,
         md,
       );
-      const sig = signDigest(digest, this.keyRing);
+      const sig = this.codec.sign(digest);
       let r: { outcome: PutOutcome; head: string | null; parent_digest: string | null };
       try {
         r = (
@@ -208,7 +159,7 @@ export class CairnSaver extends BaseCheckpointSaver {
                 metadata: md.bytes!,
                 metadataType: md.type,
                 versions: JSON.stringify(checkpoint.channel_versions ?? {}),
-                metadataJson,
+                metadataJson: metadataJsonText(md),
                 boundary,
                 digest,
                 prevDigest,
@@ -225,7 +176,7 @@ export class CairnSaver extends BaseCheckpointSaver {
       switch (r.outcome) {
         case 'ok':
         case 'exists': // the same put again (a retry after a lost reply)
-          this.remember(s, checkpoint.id, digest);
+          this.digests.remember(s, checkpoint.id, digest);
           return configOf(s, checkpoint.id);
         case 'parent_digest':
           // Not known here: take the stored one (the next read of the parent verifies it). Known
@@ -234,40 +185,14 @@ export class CairnSaver extends BaseCheckpointSaver {
             prevDigest = r.parent_digest;
             continue;
           }
-          refused =
-            r.parent_digest === null
-              ? `the parent ${parentId} of thread ${s.thread} is gone`
-              : `the parent ${parentId} of thread ${s.thread} is not the checkpoint this saver saw (its digest changed)`;
+          refused = refusalOf(r, { thread: s.thread, id: checkpoint.id, parentId });
           break;
-        case 'blob_conflict':
-          refused = `another value is already stored under a channel version this put writes in thread ${s.thread} (a fork that counted versions the same way)`;
-          break;
-        case 'conflict_exists':
-          refused = `checkpoint ${checkpoint.id} already exists in thread ${s.thread} with other content; checkpoints are never overwritten`;
-          break;
-        case 'fork':
-          // A put names the checkpoint it continues from; if that is no longer the head,
-          // another writer moved the thread since this one read it. A put without a parent
-          // starts a history (LangGraph's first checkpoint of a thread): two writers that both
-          // start one on an empty thread are caught at the older one's next put, whose parent
-          // is then no longer the head.
-          refused = `the parent ${parentId} is not the head of thread ${s.thread} (${r.head ?? 'none'}): another writer moved it, or this is a fork from an older checkpoint (forks: 'allow' permits them)`;
-          break;
-        case 'id_order':
-          refused = `checkpoint ${checkpoint.id} does not sort after the head ${r.head} of thread ${s.thread}: ids must grow along a thread`;
-          break;
+        default:
+          refused = refusalOf(r, { thread: s.thread, id: checkpoint.id, parentId });
       }
     }
     await recordEvent(this.db, { ...s, checkpointId: checkpoint.id }, 'fork_refused', refused);
     throw new CairnError(CairnErrorCodes.CheckpointConflict, `CairnSaver.put refused: ${refused}`);
-  }
-
-  /** Remembers a checkpoint's digest (bounded: the oldest are forgotten first). */
-  private remember(s: ThreadScope, id: string, digest: string): void {
-    const key = digestKey(s, id);
-    this.digests.delete(key);
-    this.digests.set(key, digest);
-    if (this.digests.size > DIGESTS_KEPT) this.digests.delete(this.digests.keys().next().value!);
   }
 
   /** Stores a task's pending writes for a checkpoint (LangGraph's pending work), each row digested and signed. */
@@ -278,16 +203,7 @@ export class CairnSaver extends BaseCheckpointSaver {
     taskPath = '',
   ): Promise<void> {
     const s = scopeOf(config, 'CairnSaver.putWrites config', this.tenant);
-    if (!s.id) {
-      throw new ValidationError('CairnSaver.putWrites config', [
-        {
-          path: 'configurable.checkpoint_id',
-          message: 'is required: writes belong to a checkpoint',
-          value: undefined,
-        },
-      ]);
-    }
-    const checkpointId = s.id;
+    const checkpointId = requireCheckpointId(s, 'CairnSaver.putWrites config');
     const rows = await Promise.all(
       writes.map(async ([channel, value], i) => {
         const idx = WRITES_IDX_MAP[channel] ?? i;
@@ -298,19 +214,12 @@ export class CairnSaver extends BaseCheckpointSaver {
           { checkpointId, taskId, idx, taskPath, channel },
           { type, bytes: plain },
         );
-        const sealed = await this.codec.seal(
+        const sealed = await this.codec.sealValue(
+          digest,
           plain,
           `lg.write:${s.thread}/${s.ns}/${checkpointId}/${taskId}/${idx}`,
         );
-        return {
-          idx,
-          channel,
-          type,
-          blob: sealed.bytes!,
-          key: sealed.keyId,
-          digest,
-          ...signDigest(digest, this.keyRing, sealed.keyId),
-        };
+        return { idx, channel, type, ...sealed, blob: sealed.blob! };
       }),
     );
     if (rows.length === 0) return;
@@ -322,14 +231,7 @@ export class CairnSaver extends BaseCheckpointSaver {
         {
           taskId,
           taskPath,
-          idx: rows.map((r) => r.idx),
-          channel: rows.map((r) => r.channel),
-          type: rows.map((r) => r.type),
-          blob: rows.map((r) => r.blob),
-          key: rows.map((r) => r.key),
-          digest: rows.map((r) => r.digest),
-          sigKey: rows.map((r) => r.sigKey),
-          sig: rows.map((r) => r.sig),
+          ...toColumns(rows, ['idx', 'channel', 'type', 'blob', 'key', 'digest', 'sigKey', 'sig']),
         },
         writes.every(([channel]) => channel in WRITES_IDX_MAP),
       );
@@ -355,7 +257,7 @@ export class CairnSaver extends BaseCheckpointSaver {
       if (!rows[0]) return undefined;
       const v = await this.codec.verify(rows[0]);
       if (v.ok) {
-        this.remember(s, s.id, rows[0].digest);
+        this.digests.remember(s, s.id, rows[0].digest);
         return v.tuple;
       }
       await recordEvent(this.db, { ...s, checkpointId: s.id }, 'skipped_invalid', v.message);
@@ -375,7 +277,7 @@ export class CairnSaver extends BaseCheckpointSaver {
       if (!row) return undefined;
       const v = await this.codec.verify(row);
       if (v.ok) {
-        this.remember(s, row.checkpoint_id, row.digest);
+        this.digests.remember(s, row.checkpoint_id, row.digest);
         return v.tuple;
       }
       await recordEvent(this.db, { ...s, checkpointId: row.checkpoint_id }, 'skipped_invalid', v.message);
@@ -411,7 +313,7 @@ export class CairnSaver extends BaseCheckpointSaver {
     for (const row of rows) {
       const v = await this.codec.verify(row);
       if (v.ok) {
-        this.remember(
+        this.digests.remember(
           { tenant: this.tenant, thread: row.thread_id, ns: row.checkpoint_ns },
           row.checkpoint_id,
           row.digest,
@@ -441,12 +343,13 @@ export class CairnSaver extends BaseCheckpointSaver {
   /** Marks a stored checkpoint as a semantic boundary (compaction keeps it); false when there is no such checkpoint. */
   async markBoundary(config: RunnableConfig): Promise<boolean> {
     const s = scopeOf(config, 'CairnSaver.markBoundary config', this.tenant);
-    if (!s.id) {
-      throw new ValidationError('CairnSaver.markBoundary config', [
-        { path: 'configurable.checkpoint_id', message: 'is required', value: undefined },
-      ]);
-    }
-    const r = await markBoundaryRow(this.db, s.tenant, s.thread, s.ns, s.id);
+    const r = await markBoundaryRow(
+      this.db,
+      s.tenant,
+      s.thread,
+      s.ns,
+      requireCheckpointId(s, 'CairnSaver.markBoundary config'),
+    );
     return Number(r.numAffectedRows ?? 0) > 0;
   }
 
@@ -470,15 +373,7 @@ export class CairnSaver extends BaseCheckpointSaver {
   /** What the saver skipped or refused in a thread, oldest first. */
   async events(threadId: string): Promise<ThreadEvent[]> {
     requireThreadId('CairnSaver.events', threadId);
-    const { rows } = await selectEvents(this.db, this.tenant, threadId);
-    return rows.map((r) => ({
-      threadId: r.thread_id,
-      checkpointNs: r.checkpoint_ns,
-      checkpointId: r.checkpoint_id,
-      event: r.event,
-      reason: r.detail,
-      at: r.at,
-    }));
+    return listEvents(this.db, this.tenant, threadId);
   }
 }
 

@@ -89,6 +89,16 @@ export function checkpointDigest(
   );
 }
 
+const utf8 = new TextDecoder();
+
+/**
+ * The metadata as the JSON that list filters read (`metadata_json`): the serializer's JSON
+ * with NUL escapes dropped (jsonb refuses them); `{}` for metadata another serializer wrote.
+ */
+export function metadataJsonText(md: TypedBytes): string {
+  return md.type === 'json' && md.bytes ? utf8.decode(md.bytes).replace(/\\u0000/g, '') : '{}';
+}
+
 /** A row's signature: an HMAC of its digest under the ring's current key. */
 export interface RowSignature {
   sigKey: string | null;

@@ -89,3 +89,23 @@ export function scopeOf(config: RunnableConfig, what: string, tenant: string): T
 export const configOf = (s: ThreadScope, id: string): RunnableConfig => ({
   configurable: { thread_id: s.thread, checkpoint_ns: s.ns, checkpoint_id: id },
 });
+
+/** A thread id argument (deleteThread, compact, events), checked by name. */
+export const requireThreadId = (what: string, threadId: unknown): string => {
+  if (typeof threadId !== 'string' || threadId === '') {
+    throw new ValidationError(what, [
+      { path: 'threadId', message: 'must be a non-empty string', value: threadId },
+    ]);
+  }
+  return threadId;
+};
+
+/** The checkpoint a call names (putWrites, markBoundary): its `configurable.checkpoint_id`, required. */
+export function requireCheckpointId(s: { id?: string }, what: string): string {
+  if (!s.id) {
+    throw new ValidationError(what, [
+      { path: 'configurable.checkpoint_id', message: 'is required: name the checkpoint', value: s.id },
+    ]);
+  }
+  return s.id;
+}

@@ -15,8 +15,10 @@ import { CairnError, CairnErrorCodes } from '../src/errors.js';
 import {
   blobDigest,
   checkpointDigest,
+  metadataJsonText,
   type RowSignature,
   signatureProblem,
+  signDigest,
   type ThreadScope,
   type TypedBytes,
   writeDigest,
@@ -25,10 +27,14 @@ import { configOf } from './options.js';
 import type { CheckpointRow } from './sql/selectCheckpoints.js';
 import { selectPendingSends, type WriteRow } from './sql/writes.js';
 
-const textDecoder = new TextDecoder();
-/** The JSON the saver stored beside the serializer's bytes (NUL escapes dropped: jsonb refuses them). */
-const jsonOf = (bytes: Buffer): unknown => JSON.parse(textDecoder.decode(bytes).replace(/\\u0000/g, ''));
 const sameJson = (a: unknown, b: unknown): boolean => canonicalBytes(a).equals(canonicalBytes(b));
+
+/** A value as stored: its bytes (sealed or not), the data key's id, its digest and signature. */
+export interface SealedValue extends RowSignature {
+  blob: Buffer | null;
+  key: string | null;
+  digest: string;
+}
 
 /** What the codec needs of its saver. */
 export interface RowCodecContext {
@@ -53,10 +59,24 @@ export class RowCodec {
   constructor(private readonly ctx: RowCodecContext) {}
 
   /** Seals bytes with the tenant's data key when keys are configured. */
-  async seal(bytes: Buffer | null, aad: string): Promise<{ bytes: Buffer | null; keyId: string | null }> {
-    if (!this.ctx.keys || bytes === null) return { bytes, keyId: null };
-    const s = await this.ctx.keys.seal(this.ctx.tenant, bytes, aad);
-    return { bytes: s.bytes, keyId: s.keyId };
+  /** Signs a digest with the saver's key ring (nothing without one). */
+  sign(digest: string): RowSignature {
+    return signDigest(digest, this.ctx.keyRing);
+  }
+
+  /**
+   * A value ready to store: sealed with the tenant's data key when keys are configured, and
+   * its digest (of the plaintext) signed together with that key's id.
+   */
+  async sealValue(digest: string, bytes: Buffer | null, aad: string): Promise<SealedValue> {
+    let blob = bytes;
+    let key: string | null = null;
+    if (this.ctx.keys && bytes !== null) {
+      const sealed = await this.ctx.keys.seal(this.ctx.tenant, bytes, aad);
+      blob = sealed.bytes;
+      key = sealed.keyId;
+    }
+    return { blob, key, digest, ...signDigest(digest, this.ctx.keyRing, key) };
   }
 
   /**
@@ -120,7 +140,7 @@ export class RowCodec {
     // The SQL copies (the blob join, list filters) must say what the verified bytes say.
     if (!sameJson(row.versions, versions))
       return bad('its versions column differs from its verified versions');
-    if (!sameJson(row.metadata_json, md.type === 'json' ? jsonOf(row.metadata) : {})) {
+    if (!sameJson(row.metadata_json, JSON.parse(metadataJsonText(md)))) {
       return bad('its metadata_json column differs from its verified metadata');
     }
     const channelValues: Record<string, unknown> = {};

@@ -87,8 +87,19 @@ export function recordEvent(
   );
 }
 
-export function selectEvents(ex: Executor, tenant: string, thread: string) {
-  return sql<{
+/** A checkpoint the saver skipped (it failed verification) or a put it refused, as recorded. */
+export interface ThreadEvent {
+  threadId: string;
+  checkpointNs: string;
+  checkpointId: string;
+  event: ThreadEventKind;
+  reason: string;
+  at: Date;
+}
+
+/** What the saver skipped or refused in a thread, oldest first. */
+export async function listEvents(ex: Executor, tenant: string, thread: string): Promise<ThreadEvent[]> {
+  const { rows } = await sql<{
     thread_id: string;
     checkpoint_ns: string;
     checkpoint_id: string;
@@ -99,4 +110,12 @@ export function selectEvents(ex: Executor, tenant: string, thread: string) {
     SELECT thread_id, checkpoint_ns, checkpoint_id, event, detail, at FROM lg_event
      WHERE tenant_id = ${tenant} AND thread_id = ${thread} ORDER BY id
   `.execute(ex);
+  return rows.map((r) => ({
+    threadId: r.thread_id,
+    checkpointNs: r.checkpoint_ns,
+    checkpointId: r.checkpoint_id,
+    event: r.event,
+    reason: r.detail,
+    at: r.at,
+  }));
 }
