@@ -1,4 +1,4 @@
-import { randomUUID } from 'node:crypto';
+import { randomInt, randomUUID } from 'node:crypto';
 import type { RunnableConfig } from '@langchain/core/runnables';
 import {
   BaseCheckpointSaver,
@@ -79,6 +79,18 @@ export class CairnSaver extends BaseCheckpointSaver {
       keys: options.keys,
       nextVersion: () => this.getNextVersion(undefined),
     });
+  }
+
+  /**
+   * Channel versions unique to the history that makes them (LangGraph Python's Postgres saver
+   * adds a random suffix for the same reason): the next whole number plus a random fraction,
+   * still a number as LangGraph JS's types want, still increasing. Values are stored once per
+   * channel and version, so with plain counters a graph resumed from an older checkpoint (after
+   * a corrupt newer one, or a fork) would reuse a version another history already stored: its
+   * put refused as a conflict, or the corrupt value read back.
+   */
+  override getNextVersion(current: number | undefined): number {
+    return Math.floor(current ?? 0) + 1 + randomInt(1, 1_000_000) / 1_000_000;
   }
 
   /**

@@ -96,7 +96,12 @@ const utf8 = new TextDecoder();
  * with NUL escapes dropped (jsonb refuses them); `{}` for metadata another serializer wrote.
  */
 export function metadataJsonText(md: TypedBytes): string {
-  return md.type === 'json' && md.bytes ? utf8.decode(md.bytes).replace(/\\u0000/g, '') : '{}';
+  if (md.type !== 'json' || !md.bytes) return '{}';
+  const text = utf8.decode(md.bytes);
+  // Parsed, not edited as text: a string holding a backslash and "u0000" must survive.
+  return text.includes('\\u0000')
+    ? JSON.stringify(JSON.parse(text), (_k, v) => (typeof v === 'string' ? v.replaceAll('\u0000', '') : v))
+    : text;
 }
 
 /** A row's signature: an HMAC of its digest under the ring's current key. */

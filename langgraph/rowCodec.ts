@@ -58,7 +58,6 @@ export type Verified = { ok: true; tuple: CheckpointTuple } | { ok: false; messa
 export class RowCodec {
   constructor(private readonly ctx: RowCodecContext) {}
 
-  /** Seals bytes with the tenant's data key when keys are configured. */
   /** Signs a digest with the saver's key ring (nothing without one). */
   sign(digest: string): RowSignature {
     return signDigest(digest, this.ctx.keyRing);
@@ -140,7 +139,13 @@ export class RowCodec {
     // The SQL copies (the blob join, list filters) must say what the verified bytes say.
     if (!sameJson(row.versions, versions))
       return bad('its versions column differs from its verified versions');
-    if (!sameJson(row.metadata_json, JSON.parse(metadataJsonText(md)))) {
+    let metadataCopy: unknown;
+    try {
+      metadataCopy = JSON.parse(metadataJsonText(md));
+    } catch (err) {
+      return bad(`its metadata is not JSON: ${(err as Error).name}`);
+    }
+    if (!sameJson(row.metadata_json, metadataCopy)) {
       return bad('its metadata_json column differs from its verified metadata');
     }
     const channelValues: Record<string, unknown> = {};

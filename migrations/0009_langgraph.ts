@@ -162,10 +162,15 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       v_parent text;
       v_existing text;
     BEGIN
-      INSERT INTO lg_thread (tenant_id, thread_id, checkpoint_ns) VALUES (p_tenant, p_thread, p_ns)
-      ON CONFLICT DO NOTHING;
-      PERFORM 1 FROM lg_thread t
-        WHERE t.tenant_id = p_tenant AND t.thread_id = p_thread AND t.checkpoint_ns = p_ns FOR UPDATE;
+      -- The thread's row, locked. If deleteThread removed it while this put waited, there is
+      -- nothing locked: make the row again and lock that.
+      LOOP
+        INSERT INTO lg_thread (tenant_id, thread_id, checkpoint_ns) VALUES (p_tenant, p_thread, p_ns)
+        ON CONFLICT DO NOTHING;
+        PERFORM 1 FROM lg_thread t
+          WHERE t.tenant_id = p_tenant AND t.thread_id = p_thread AND t.checkpoint_ns = p_ns FOR UPDATE;
+        EXIT WHEN FOUND;
+      END LOOP;
       -- The head is the newest checkpoint not recorded as failing verification: a resume that
       -- fell back past a corrupt one continues from the one getTuple returned.
       SELECT c.checkpoint_id, c.writer INTO v_head, v_head_writer FROM lg_checkpoint c

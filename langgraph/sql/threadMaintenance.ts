@@ -1,8 +1,20 @@
 import { sql } from 'kysely';
+import type { Db } from '../../src/db/database.js';
 import type { Executor } from '../../src/db/executor.js';
 
-/** Deletes every row of a thread (all namespaces); the legal-hold trigger refuses a held one. */
-export function deleteThreadRows(ex: Executor, tenant: string, thread: string) {
+/**
+ * Deletes every row of a thread (all namespaces); the legal-hold trigger refuses a held one.
+ * Under the thread's locks, taken first: a put in progress commits before the delete reads
+ * (so nothing it wrote survives), and a put that waited finds its row gone and starts over.
+ */
+export async function deleteThreadRows(db: Db, tenant: string, thread: string) {
+  await db.transaction().execute(async (trx) => {
+    await lockThreadRows(trx, tenant, thread);
+    await deleteThreadStatement(trx, tenant, thread);
+  });
+}
+
+function deleteThreadStatement(ex: Executor, tenant: string, thread: string) {
   return sql`
     WITH w AS (DELETE FROM lg_write WHERE tenant_id = ${tenant} AND thread_id = ${thread}),
          b AS (DELETE FROM lg_blob WHERE tenant_id = ${tenant} AND thread_id = ${thread}),
@@ -64,12 +76,19 @@ export function deleteUnreferencedBlobs(ex: Executor, tenant: string, thread: st
   `.execute(ex);
 }
 
-/** Marks one checkpoint as a boundary (the only column a tenant may update). */
-export function markBoundaryRow(ex: Executor, tenant: string, thread: string, ns: string, id: string) {
-  return sql`
-    UPDATE lg_checkpoint SET boundary = true
-     WHERE tenant_id = ${tenant} AND thread_id = ${thread} AND checkpoint_ns = ${ns} AND checkpoint_id = ${id}
-  `.execute(ex);
+/**
+ * Marks one checkpoint as a boundary (the only column a tenant may update), under the thread's
+ * lock: a compaction that already chose what to remove cannot then remove it.
+ */
+export async function markBoundaryRow(db: Db, tenant: string, thread: string, ns: string, id: string) {
+  return db.transaction().execute(async (trx) => {
+    await sql`SELECT 1 FROM lg_thread WHERE tenant_id = ${tenant} AND thread_id = ${thread} AND checkpoint_ns = ${ns}
+               FOR UPDATE`.execute(trx);
+    return sql`
+      UPDATE lg_checkpoint SET boundary = true
+       WHERE tenant_id = ${tenant} AND thread_id = ${thread} AND checkpoint_ns = ${ns} AND checkpoint_id = ${id}
+    `.execute(trx);
+  });
 }
 
 /** What the saver skipped or refused, one row per checkpoint and kind. */

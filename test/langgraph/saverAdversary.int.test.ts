@@ -233,3 +233,80 @@ describe('CairnSaver compaction against corrupt and forged rows', () => {
     expect((await saver.getTuple(branchHead))?.checkpoint.channel_values).toEqual({ other: 'branch' });
   });
 });
+
+describe('CairnSaver: second review', () => {
+  it('a real graph resumed from the fallback past a corrupt head completes, with new values verified', async () => {
+    const { Annotation, END, START, StateGraph } = await import('@langchain/langgraph');
+    const saver = new CairnSaver({ db: t.db, keyRing: ring });
+    const State = Annotation.Root({ n: Annotation<string>({ reducer: (_a, b) => b, default: () => '' }) });
+    let steps = 0;
+    const graph = new StateGraph(State)
+      .addNode('a', () => ({ n: `a-${++steps}-${uuid6(-1)}` }))
+      .addNode('b', () => ({ n: `b-${++steps}-${uuid6(-1)}` }))
+      .addEdge(START, 'a')
+      .addEdge('a', 'b')
+      .addEdge('b', END)
+      .compile({ checkpointer: saver });
+    const config = { configurable: { thread_id: 'resume-real' } };
+    await graph.invoke({ n: 'start' }, { ...config, durability: 'sync' });
+    // The head's own value, corrupted: getTuple falls back to the checkpoint before it.
+    const head = await saver.getTuple(config);
+    await sql`UPDATE lg_blob SET blob = set_byte(blob, 2, get_byte(blob, 2) # 1)
+               WHERE thread_id = 'resume-real' AND channel = 'n'
+                 AND version = ${String(head!.checkpoint.channel_versions.n)}`.execute(t.db);
+    const fallback = await saver.getTuple(config);
+    expect(fallback?.config.configurable?.checkpoint_id).not.toBe(head!.config.configurable?.checkpoint_id);
+    // Running the last step again writes that channel's next version: not the corrupt one.
+    const state = await graph.getState(config);
+    expect(state.tasks.length).toBeGreaterThan(0);
+    const out = await graph.invoke(null, { ...config, durability: 'sync' });
+    expect(out.n).toMatch(/^b-/);
+    expect((await saver.getTuple(config))?.checkpoint.channel_values.n).toBe(out.n);
+  });
+
+  it('deleteThread while a put holds the thread: nothing the put wrote survives the delete', async () => {
+    const saver = new CairnSaver({ db: t.db });
+    await history(saver, 'delete-race', 1);
+    let release!: () => void;
+    const held = new Promise<void>((r) => {
+      release = r;
+    });
+    // A put in progress: its transaction holds the thread's row until released.
+    const put = t.db.transaction().execute(async (trx) => {
+      await sql`SELECT 1 FROM lg_thread WHERE thread_id = 'delete-race' FOR UPDATE`.execute(trx);
+      await sql`INSERT INTO lg_write (tenant_id, thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, digest)
+                VALUES ('', 'delete-race', '', 'late', 't', 0, 'c', 'json', '\\x00', 'd')`.execute(trx);
+      await held;
+    });
+    const deleting = saver.deleteThread('delete-race');
+    // Wait until the delete queues behind the put's lock, then let the put commit.
+    const until = Date.now() + 30_000;
+    for (;;) {
+      const { rows } = await sql<{ n: number }>`
+        SELECT count(*)::int AS n FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+         WHERE NOT l.granted AND a.datname = current_database()`.execute(t.db);
+      if (rows[0]!.n > 0) break;
+      if (Date.now() > until) throw new Error('the delete never waited for the put');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    release();
+    await put;
+    await deleting;
+    const { rows } = await sql<{ n: number }>`
+      SELECT (SELECT count(*) FROM lg_write WHERE thread_id = 'delete-race')
+           + (SELECT count(*) FROM lg_checkpoint WHERE thread_id = 'delete-race') AS n`.execute(t.db);
+    expect(Number(rows[0]!.n)).toBe(0);
+  });
+
+  it('metadata holding a backslash and "u0000" as text is stored and read back unchanged', async () => {
+    const saver = new CairnSaver({ db: t.db, keyRing: ring });
+    const cp = checkpointWith({ notes: 'x' }, 1);
+    const cfg = await saver.put(
+      root('nul-text'),
+      cp,
+      { ...meta(0), note: 'path C:\\u0000x' } as never,
+      cp.channel_versions,
+    );
+    expect((await saver.getTuple(cfg))?.metadata).toMatchObject({ note: 'path C:\\u0000x' });
+  });
+});
