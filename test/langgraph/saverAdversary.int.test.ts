@@ -271,13 +271,19 @@ describe('CairnSaver: second review', () => {
     const held = new Promise<void>((r) => {
       release = r;
     });
+    let locked!: () => void;
+    const holding = new Promise<void>((r) => {
+      locked = r;
+    });
     // A put in progress: its transaction holds the thread's row until released.
     const put = t.db.transaction().execute(async (trx) => {
       await sql`SELECT 1 FROM lg_thread WHERE thread_id = 'delete-race' FOR UPDATE`.execute(trx);
+      locked();
       await sql`INSERT INTO lg_write (tenant_id, thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, digest)
                 VALUES ('', 'delete-race', '', 'late', 't', 0, 'c', 'json', '\\x00', 'd')`.execute(trx);
       await held;
     });
+    await holding;
     const deleting = saver.deleteThread('delete-race');
     // Wait until the delete queues behind the put's lock, then let the put commit.
     const until = Date.now() + 30_000;
