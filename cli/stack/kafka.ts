@@ -175,15 +175,26 @@ function java(args: string[], opts: { log4j?: boolean } = {}): string[] {
   return [...jvm, '-cp', `${kafkaPaths.libs}/*`, ...args];
 }
 
-function formatStorage(): void {
-  if (!existsSync(kafkaPaths.clusterId)) {
-    writeFileSync(kafkaPaths.clusterId, randomBytes(16).toString('base64url'));
+/**
+ * A cluster id as Kafka makes them (16 random bytes, base64url), never starting with '-': the
+ * storage tool's argument parser read such an id as an option ("argument --cluster-id/-t:
+ * expected one argument"), one start in 64 failed. The id is also passed as --cluster-id=<id>
+ * so that a file written before this still works.
+ */
+export function newClusterId(): string {
+  for (;;) {
+    const id = randomBytes(16).toString('base64url');
+    if (!id.startsWith('-')) return id;
   }
+}
+
+function formatStorage(): void {
+  if (!existsSync(kafkaPaths.clusterId)) writeFileSync(kafkaPaths.clusterId, newClusterId());
   const clusterId = readFileSync(kafkaPaths.clusterId, 'utf8').trim();
   execFileSync(
     'java',
     java(
-      ['kafka.tools.StorageTool', 'format', '-t', clusterId, '-c', kafkaPaths.config, '--ignore-formatted'],
+      ['kafka.tools.StorageTool', 'format', `--cluster-id=${clusterId}`, '-c', kafkaPaths.config, '--ignore-formatted'],
       { log4j: true },
     ),
     { stdio: ['ignore', 'pipe', 'pipe'] },
