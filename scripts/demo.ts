@@ -17,7 +17,7 @@ import { migrateToLatest } from '../src/db/migrate.js';
 import { kafkaClient } from '../src/kafka/publisher.js';
 import { createTaskStore } from '../src/state/taskStore.js';
 import { createDemoTask } from './demo/tasks.js';
-import { verifyDemo } from './demo/verify.js';
+import { verdict, verifyDemo } from './demo/verify.js';
 import { ROLES, type Role, topicOf } from './demo/workflow.js';
 import { startSink } from './lib/effectSink.js';
 import { createFaults, createFleet, seeded } from './lib/faults.js';
@@ -219,9 +219,7 @@ const violations = checks.reduce((n, c) => n + c.violations, 0);
 console.log('');
 console.log(`${'check'.padEnd(42)} ${'expected'.padEnd(16)} ${'actual'.padEnd(22)} result`);
 for (const c of checks) {
-  console.log(
-    `${c.name.padEnd(42)} ${c.expected.padEnd(16)} ${c.actual.padEnd(22)} ${c.violations === 0 ? 'ok' : `VIOLATION x${c.violations}`}`,
-  );
+  console.log(`${c.name.padEnd(42)} ${c.expected.padEnd(16)} ${c.actual.padEnd(22)} ${verdict(c)}`);
 }
 const summary = {
   demo: true,

@@ -10,6 +10,7 @@
 import { z } from 'zod';
 import { numberFlag, parseScriptArgs } from '../cli/parseScriptArgs.js';
 import { resolveStack } from '../cli/stack/resolve.js';
+import { verdict } from './demo/verify.js';
 import { runFailover } from './failover/scenario.js';
 
 const args = parseScriptArgs({
@@ -54,9 +55,7 @@ await stack.stop();
 console.log('');
 console.log(`${'check'.padEnd(48)} ${'expected'.padEnd(16)} ${'actual'.padEnd(22)} result`);
 for (const c of r.checks) {
-  console.log(
-    `${c.name.padEnd(48)} ${c.expected.padEnd(16)} ${c.actual.padEnd(22)} ${c.violations === 0 ? 'ok' : `VIOLATION x${c.violations}`}`,
-  );
+  console.log(`${c.name.padEnd(48)} ${c.expected.padEnd(16)} ${c.actual.padEnd(22)} ${verdict(c)}`);
 }
 console.log('');
 console.log(`RTO (kill of region A -> first transition in region B): ${r.rtoMs} ms`);

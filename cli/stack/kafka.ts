@@ -194,7 +194,14 @@ function formatStorage(): void {
   execFileSync(
     'java',
     java(
-      ['kafka.tools.StorageTool', 'format', `--cluster-id=${clusterId}`, '-c', kafkaPaths.config, '--ignore-formatted'],
+      [
+        'kafka.tools.StorageTool',
+        'format',
+        `--cluster-id=${clusterId}`,
+        '-c',
+        kafkaPaths.config,
+        '--ignore-formatted',
+      ],
       { log4j: true },
     ),
     { stdio: ['ignore', 'pipe', 'pipe'] },

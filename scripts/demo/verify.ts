@@ -12,7 +12,13 @@ export interface Check {
   expected: string;
   actual: string;
   violations: number;
+  /** Why the check could not run (a dependency did not answer): neither a violation nor a pass. */
+  notChecked?: string;
 }
+
+/** How a check reads in a report: ok, VIOLATION xN, or NOT CHECKED. */
+export const verdict = (c: Check): string =>
+  c.violations > 0 ? `VIOLATION x${c.violations}` : c.notChecked ? 'NOT CHECKED' : 'ok';
 
 /**
  * Checks the outcome from the database and the sink only, never from counters the demo kept:

@@ -101,7 +101,7 @@ export function createFaults(o: {
   kafka: Kafka;
   db: Db;
   topics: readonly string[];
-  /** application_name prefix of the sessions `pg_terminate_backend` may end. */
+  /** application_name prefix of the sessions `pg_terminate_backend` may end (in this database only: the demo and a soak in the test suite share the server with other tests). */
   sessionPrefix: string;
   /** The harness's own session (never terminated). */
   ownSession: string;
@@ -157,7 +157,7 @@ export function createFaults(o: {
       const r = await sql<{ n: number }>`
         SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity
          WHERE application_name LIKE ${`${o.sessionPrefix}%`} AND application_name <> ${o.ownSession}
-           AND pid <> pg_backend_pid()`.execute(o.db);
+           AND datname = current_database() AND pid <> pg_backend_pid()`.execute(o.db);
       return r.rows[0]!.n;
     },
     /**

@@ -21,7 +21,8 @@ describe('chaos soak (short: one minute of faults)', () => {
         canRestartBroker: inject('kafkaLocal'),
         log: (line) => process.stderr.write(`${line}\n`),
       });
-      expect(r.checks.filter((c) => c.violations > 0)).toEqual([]);
+      // A check that could not run (the broker did not answer the checker) proves nothing: it fails too.
+      expect(r.checks.filter((c) => c.violations > 0 || c.notChecked)).toEqual([]);
       expect(r.tasks).toBeGreaterThan(0); // how many fit in a minute depends on the machine
       expect(r.terminal).toBe(r.tasks);
       for (const [kind, n] of Object.entries(r.faults)) {
