@@ -12,7 +12,7 @@ import { sql } from 'kysely';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { createDb } from '../../src/db/database.js';
-import { LeaseLostError } from '../../src/errors.js';
+import { LeaseHeldError, LeaseLostError } from '../../src/errors.js';
 import { createKafkaPublisher } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
@@ -56,42 +56,45 @@ class RetryLater extends Error {
 }
 const retryLater = (message: string) => new RetryLater(message);
 
+/**
+ * The deploy, once, under the task's deploy lease. The lease is renewed while the effect runs
+ * (`withLease`): a tester that is alive but starved keeps it; one frozen or dead lets it lapse,
+ * and the receipt's fence refuses it when it wakes.
+ */
 async function deploy(taskId: string): Promise<void> {
-  const lease = await leases.acquire({
-    taskId,
-    branch: 'deploy',
-    agentId: `${role}:${process.pid}`,
-    ttlMs: deployLeaseTtlMs,
-  });
-  if (!lease.ok) throw retryLater(`deploy lease of ${taskId} is held by ${lease.holder}`);
   try {
-    const r = await receipts.runOnce({
-      taskId,
-      step: 'deploy',
-      tool: 'deployer',
-      args: { task: taskId, env: 'demo' },
-      lease,
-      irreversible: true,
-      // The sink is an idempotent API (it dedupes by key): a retry after a crash is safe.
-      onUncertain: 'retry',
-      idempotentTool: true,
-      effect: async ({ idempotencyKey }) => {
-        const res = await fetch(`${sink}/apply?op=${encodeURIComponent(taskId)}`, {
-          method: 'POST',
-          headers: { 'idempotency-key': idempotencyKey },
+    await leases.withLease(
+      { taskId, branch: 'deploy', agentId: `${role}:${process.pid}`, ttlMs: deployLeaseTtlMs },
+      async (lease) => {
+        const r = await receipts.runOnce({
+          taskId,
+          step: 'deploy',
+          tool: 'deployer',
+          args: { task: taskId, env: 'demo' },
+          lease,
+          irreversible: true,
+          // The sink is an idempotent API (it dedupes by key): a retry after a crash is safe.
+          onUncertain: 'retry',
+          idempotentTool: true,
+          effect: async ({ idempotencyKey }) => {
+            const res = await fetch(`${sink}/apply?op=${encodeURIComponent(taskId)}`, {
+              method: 'POST',
+              headers: { 'idempotency-key': idempotencyKey },
+            });
+            if (!res.ok) throw new Error(`deploy sink answered ${res.status}`);
+            return res.json();
+          },
         });
-        if (!res.ok) throw new Error(`deploy sink answered ${res.status}`);
-        return res.json();
+        if (r.status !== 'succeeded') throw retryLater(`deploy of ${taskId} is ${r.status}`);
       },
-    });
-    if (r.status !== 'succeeded') throw retryLater(`deploy of ${taskId} is ${r.status}`);
+    );
   } catch (err) {
-    // The lease lapsed (a frozen or starved tester) before the effect ran: the fence
-    // working; try again (a dead letter here would strand the task in testing).
-    if (err instanceof LeaseLostError) throw retryLater(`deploy of ${taskId}: ${err.message}`);
+    // Held by another tester (maybe a frozen one, until its lease lapses), or lapsed before the
+    // effect ran (the fence working): try again; a dead letter here would strand the task.
+    if (err instanceof LeaseHeldError || err instanceof LeaseLostError) {
+      throw retryLater(`deploy of ${taskId}: ${err.message}`);
+    }
     throw err;
-  } finally {
-    await leases.release(lease).catch(() => {});
   }
 }
 

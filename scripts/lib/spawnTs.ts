@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { appendFileSync } from 'node:fs';
+import { appendFileSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { buildSync } from 'esbuild';
 import { repoRoot, stackDir } from '../../cli/stack/paths.js';
@@ -72,10 +72,17 @@ export function spawnTs(
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
-  const logDir = process.env.CAIRN_CHILD_LOG_DIR;
+  let logFile = childLogFile(name);
   const keep = (d: Buffer) => {
     out = (out + d).slice(-20_000);
-    if (logDir) appendFileSync(join(logDir, `${name}.log`), d);
+    if (!logFile) return;
+    try {
+      appendFileSync(logFile, d);
+    } catch (err) {
+      // A copy for debugging must never fail the run it documents (it did, under a test's name).
+      process.stderr.write(`[spawnTs] not logging ${name} to ${logFile}: ${(err as Error).message}\n`);
+      logFile = null;
+    }
   };
   proc.stdout?.on('data', keep);
   proc.stderr?.on('data', keep);
@@ -85,6 +92,18 @@ export function spawnTs(
     return code as number | null;
   });
   return { proc, name, exited, output: () => out };
+}
+
+/**
+ * `<CAIRN_CHILD_LOG_DIR>/<name>.log`, the folder created, or null without the variable. A name
+ * that is a path (`test/support/effectConsumer.ts`) becomes one file name: under a missing
+ * subfolder every write failed, and the test process with it.
+ */
+export function childLogFile(name: string): string | null {
+  const dir = process.env.CAIRN_CHILD_LOG_DIR;
+  if (!dir) return null;
+  mkdirSync(dir, { recursive: true });
+  return join(dir, `${name.replace(/[^\w.-]+/g, '_')}.log`);
 }
 
 export async function sigkill(child: Child): Promise<void> {
