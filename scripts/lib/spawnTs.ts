@@ -66,20 +66,25 @@ export function spawnTs(
   env: Record<string, string>,
 ): Child {
   const [path, ...argv] = typeof entry === 'string' ? [entry] : entry;
+  let logFile: string | null = null;
+  try {
+    logFile = childLogFile(name);
+  } catch (err) {
+    // A copy for debugging must never fail the run it documents.
+    process.stderr.write(`[spawnTs] not logging ${name}: ${(err as Error).message}\n`);
+  }
   const proc = spawn(process.execPath, [bundle(path), ...argv], {
     cwd: repoRoot,
     env: { ...process.env, CAIRN_LOG_LEVEL: process.env.CAIRN_LOG_LEVEL ?? 'warn', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
-  let logFile = childLogFile(name);
   const keep = (d: Buffer) => {
     out = (out + d).slice(-20_000);
     if (!logFile) return;
     try {
       appendFileSync(logFile, d);
     } catch (err) {
-      // A copy for debugging must never fail the run it documents (it did, under a test's name).
       process.stderr.write(`[spawnTs] not logging ${name} to ${logFile}: ${(err as Error).message}\n`);
       logFile = null;
     }
