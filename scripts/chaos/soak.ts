@@ -12,6 +12,7 @@ import { startSink } from '../lib/effectSink.js';
 import { createFaults, createFleet, type ProcessSpec, seeded } from '../lib/faults.js';
 import { createScratchDatabase } from '../lib/scratchDatabase.js';
 import { checkInvariants, STALE_WRITER } from './checker.js';
+import { livenessCheck, separateInFlight, settle } from './settle.js';
 
 export interface SoakOptions {
   minutes: number;
@@ -333,46 +334,15 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
   await creator;
 
   // --- settle ---------------------------------------------------------------------------------
-  // The deadline is for a stall: while work moves (a transition, an event applied, an outbox row
-  // published: counts that only grow) a busy machine is slow, not stuck, and the deadline moves
-  // on, up to four settle periods in all.
-  const settleCap = Date.now() + 4 * o.settleS * 1000;
-  let settleUntil = Date.now() + o.settleS * 1000;
-  let done = -1;
-  let inFlight = { open: -1, outbox: -1, unobserved: -1 };
-  for (;;) {
-    const s = await sql<{ open: number; outbox: number; unobserved: number; done: number }>`
-      SELECT (SELECT count(*) FROM task_state WHERE status NOT IN ('complete','failed','cancelled','expired'))::int AS open,
-             (SELECT count(*) FROM outbox)::int AS outbox,
-             (SELECT count(*) FROM task_audit a, unnest(${groups}::text[]) g
-               WHERE a.actor LIKE '%/agents/%' AND NOT EXISTS (SELECT 1 FROM chaos_observed o
-                 WHERE o.consumer_group = g AND o.key = a.task_id AND o.version = a.version))::int AS unobserved,
-             ((SELECT count(*) FROM task_audit) + (SELECT count(*) FROM chaos_observed)
-               + coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'id')), 0)
-               - (SELECT count(*) FROM outbox))::int AS done`
-      .execute(db)
-      .catch(() => null);
-    const r = s?.rows[0];
-    if (r) {
-      inFlight = r;
-      if (r.open === 0 && r.outbox === 0 && r.unobserved === 0) break;
-      if (r.done > done) {
-        done = r.done;
-        settleUntil = Math.min(settleCap, Date.now() + o.settleS * 1000);
+  const inFlight = await settle(db, groups, o.settleS, {
+    log: o.log,
+    tick: async () => {
+      if (Date.now() - lastProgress > 10_000) {
+        await progress('settling');
+        lastProgress = Date.now();
       }
-    }
-    if (Date.now() > settleUntil) {
-      o.log(
-        `[chaos] settle timed out: ${inFlight.open} open tasks, ${inFlight.outbox} outbox rows, ${inFlight.unobserved} events unobserved`,
-      );
-      break;
-    }
-    if (Date.now() - lastProgress > 10_000) {
-      await progress('settling');
-      lastProgress = Date.now();
-    }
-    await new Promise((r) => setTimeout(r, 500));
-  }
+    },
+  });
   await progress('settled');
   o.log(`[chaos] faults injected: ${JSON.stringify(counts)}`);
 
@@ -416,51 +386,6 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     notChecked: checks.filter((c) => c.notChecked).length,
     seconds: Math.round((Date.now() - startedAt) / 1000),
   };
-}
-
-export interface InFlight {
-  open: number;
-  outbox: number;
-  unobserved: number;
-}
-
-/** Liveness: everything in flight (tasks, outbox rows, events to apply) finished in the settle phase. */
-function livenessCheck(w: InFlight): Check {
-  const unknown = w.open < 0;
-  return {
-    name: 'all work finished in the settle phase',
-    expected: '0 in flight',
-    actual: unknown
-      ? 'unknown: Postgres did not answer'
-      : `${w.open} open, ${w.outbox} outbox, ${w.unobserved} unapplied`,
-    violations: unknown ? 1 : w.open + w.outbox + w.unobserved,
-  };
-}
-
-/**
- * When the settle deadline passed with work in flight, a message still in the outbox or not
- * yet applied is late, not lost: the checks that count undelivered work say so, up to what the
- * settle phase last saw in flight (the liveness check fails the run), instead of reporting a
- * safety violation. A message lost outright is the checker's "every transition published or
- * still in the outbox"; every other check (applied twice, order, stale writes, leases) stands.
- */
-export function separateInFlight(checks: Check[], w: InFlight): Check[] {
-  const inFlightFor = (name: string) =>
-    name === 'no outbox row left'
-      ? w.outbox
-      : /every transition's event applied$/.test(name)
-        ? w.unobserved
-        : 0;
-  return checks.map((c) => {
-    const late = Math.min(c.violations, Math.max(0, inFlightFor(c.name)));
-    return late === 0
-      ? c
-      : {
-          ...c,
-          violations: c.violations - late,
-          notChecked: `${late} still in flight at the settle deadline`,
-        };
-  });
 }
 
 async function closeQuietly(db: Db): Promise<void> {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { separateInFlight } from '../../scripts/chaos/soak.js';
+import { separateInFlight } from '../../scripts/chaos/settle.js';
 import { verdict } from '../../scripts/demo/verify.js';
 
 const check = (name: string, violations: number) => ({
