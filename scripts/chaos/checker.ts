@@ -4,6 +4,7 @@ import pRetry from 'p-retry';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import type { Db } from '../../src/db/database.js';
 import { UnavailableError } from '../../src/errors.js';
+import { isKafkaConfigurationError, isPoisonError } from '../../src/kafka/classifyError.js';
 import { readTopicsToEnd, type SeenMessage } from '../../src/recovery/failover.js';
 import { isTerminal } from '../../src/state/transitions.js';
 import { type Check, verifyTasks } from '../demo/verify.js';
@@ -38,25 +39,20 @@ const OUTAGE_ERRORS = new Set([
   // A connection lock waited out: kafkajs itself treats it as a broker it cannot reach.
   'KafkaJSLockTimeout',
 ]);
-/** Protocol answers kafkajs calls retriable that are answers, not silence. */
-const ANSWERS = new Set(['CORRUPT_MESSAGE']);
 
 /**
  * The broker did not answer (a read that ran out of time, a connection refused or timed out,
- * an error kafkajs itself calls retriable, anywhere in the cause chain): an outage. Anything
- * else (an authorization failure, a corrupt record, a bug) is an answer, and is thrown.
+ * an error kafkajs itself calls retriable, anywhere in the cause chain): an outage. An answer
+ * the relay would park on (a corrupt record, an authorization failure: `isPoisonError`), a
+ * setting that can never work, or a bug is thrown.
  */
 export function isBrokerOutage(err: unknown): boolean {
-  for (
-    let e = err as { name?: unknown; retriable?: unknown; cause?: unknown } | null, depth = 0;
-    e && depth < 8;
-    depth++
-  ) {
-    if (typeof (e as { type?: unknown }).type === 'string' && ANSWERS.has((e as { type: string }).type))
-      return false;
-    if (e instanceof UnavailableError || e.retriable === true) return true;
-    if (typeof e.name === 'string' && OUTAGE_ERRORS.has(e.name)) return true;
-    e = e.cause as typeof e;
+  if (isPoisonError(err) || isKafkaConfigurationError(err)) return false;
+  for (let e: unknown = err, depth = 0; e && typeof e === 'object' && depth < 8; depth++) {
+    const { name, retriable, cause } = e as { name?: unknown; retriable?: unknown; cause?: unknown };
+    if (e instanceof UnavailableError || retriable === true) return true;
+    if (typeof name === 'string' && OUTAGE_ERRORS.has(name)) return true;
+    e = cause;
   }
   return false;
 }
