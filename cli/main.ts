@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 /** `cairn <command>`: operator commands. Each command lives in its own module under cli/. */
 import { ExitCode } from '../src/exitCodes.js';
+import { consoleCommand } from './console.js';
 import { failoverCommand } from './failover.js';
 import { inboxCommand } from './inbox.js';
 import { checkpointCommand, taskCommand } from './inspect.js';
@@ -58,6 +59,12 @@ const commands: Record<string, Command> = {
     help: `  inbox dlq [--group G] [--json]               dead letters
   inbox replay <message_id> --group G          send a dead letter back to its topic
   inbox prune [--older-than-hours 168]         delete old inbox rows in batches`,
+  },
+  console: {
+    run: consoleCommand,
+    help: `  console [--host 127.0.0.1] [--port 7070] [--users F]
+                                               the operator console in a browser (users: --users F or
+                                               CAIRN_CONSOLE_USERS; see README "Operator console")`,
   },
   failover: {
     run: failoverCommand,

@@ -4,6 +4,7 @@ import type { Database } from './types.js';
 /** Cairn's tables: a missing one means the database was never migrated (kept in step with Database by its type). */
 const CAIRN_TABLES: Readonly<Record<keyof Database, true>> = {
   task_quarantine: true,
+  console_action: true,
   tenant: true,
   tenant_key: true,
   retention_policy: true,

@@ -251,9 +251,24 @@ export interface TaskQuarantineTable {
   released_at: Date | null;
 }
 
+export interface ConsoleActionTable {
+  id: Generated<number>;
+  request_id: string;
+  actor: string;
+  role: 'read' | 'operator';
+  scope_tenant: string | null;
+  action: string;
+  target: string;
+  outcome: Generated<'pending' | 'done' | 'already' | 'refused'>;
+  detail: string | null;
+  at: Generated<Date>;
+  finished_at: Date | null;
+}
+
 /** Cairn's tables and their column types, as kysely sees them (kept in step with the migrations). */
 export interface Database {
   task_quarantine: TaskQuarantineTable;
+  console_action: ConsoleActionTable;
   tenant: TenantTable;
   tenant_key: TenantKeyTable;
   retention_policy: RetentionPolicyTable;
