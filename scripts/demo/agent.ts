@@ -9,6 +9,7 @@
  * crash shows quickly in the demo; the chaos soak sets longer ones that fit a busy machine.
  */
 import { sql } from 'kysely';
+import { checkpointKeysFromEnv } from '../../cli/checkpointKeys.js';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { createDb } from '../../src/db/database.js';
@@ -42,7 +43,8 @@ const db = createDb({
   max: 4,
   applicationName: `cairn-demo-${role}`,
 });
-const checkpointer = createCheckpointer({ db });
+// Signed when CAIRN_CHECKPOINT_KEYS names a key ring (kid:secret,...): verify and the console check them.
+const checkpointer = createCheckpointer({ db, ...checkpointKeysFromEnv(db) });
 const store = createTaskStore({ db, checkpointer, logger });
 const leases = createLeaseManager({ db });
 const receipts = createReceiptStore({ db, checkpointer, worker: `${role}:${process.pid}` });

@@ -1,5 +1,6 @@
 import { isDeepStrictEqual } from 'node:util';
 import { sql } from 'kysely';
+import { checkpointKeysFromEnv } from '../../cli/checkpointKeys.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import type { Db } from '../../src/db/database.js';
 import { replayAudit } from '../../src/state/replay.js';
@@ -56,7 +57,8 @@ export async function verifyTasks(
   o: { only?: (taskId: string) => boolean } = {},
 ): Promise<Check[]> {
   const store = createTaskStore({ db, cacheSize: 0 });
-  const checkpoints = createCheckpointer({ db });
+  const keys = checkpointKeysFromEnv(db);
+  const checkpoints = createCheckpointer({ db, ...keys });
   const ids = (await db.selectFrom('task_state').select('task_id').orderBy('task_id').execute())
     .map((r) => r.task_id)
     .filter(o.only ?? (() => true));
@@ -93,7 +95,12 @@ export async function verifyTasks(
     gapBad,
   );
   add('gates consistent with status', '0 inconsistent', `${gateBad} inconsistent`, gateBad);
-  add('checkpoints verify (digest, chain)', '0 corrupt', `${checkpointBad} corrupt`, checkpointBad);
+  add(
+    `checkpoints verify (digest, chain${keys.keyRing ? ', signature' : ''})`,
+    '0 corrupt',
+    `${checkpointBad} corrupt`,
+    checkpointBad,
+  );
 
   // Deploys: the sink saw exactly one idempotency key per task, and applied it once.
   let deployBad = 0;
