@@ -130,13 +130,25 @@ export function busPageView(v: View, b: BusPage): Html {
     html`<h2>Outbox backlog per lane</h2><table id="lanes"><tr><th>lane</th><th>waiting</th><th>oldest (s)</th></tr>
 ${b.lanes.map((l) => html`<tr><td>${l.lane}</td><td>${l.backlog}</td><td>${l.oldest_seconds.toFixed(1)}</td></tr>`)}</table>
 ${b.lanes.length === 0 ? html`<p>The outbox is empty.</p>` : ''}
-<h2>Lane owners</h2><table id="owners"><tr><th>lane</th><th>owner</th><th>fencing token</th><th>lease until</th></tr>
-${b.owners.map((o) => html`<tr><td>${o.lane}</td><td>${o.live ? o.owner : html`<i>none</i>`}</td><td>${o.fencing_token}</td><td>${when(o.expires_at)}</td></tr>`)}</table>
+<h2>Lane owners</h2><table id="owners"><tr><th>relay</th><th>lanes</th><th>fencing tokens</th><th>lease until</th></tr>
+${b.owners.map((o) => html`<tr><td>${o.owner ?? html`<i>no live owner</i>`}</td><td>${lanesText(o.lanes)}</td><td>${o.fencing_tokens}</td><td>${when(o.lease_until)}</td></tr>`)}</table>
 <h2>Parked keys</h2>${b.parked.length === 0 ? html`<p>No key is parked.</p>` : ''}
-<table id="parked">${b.parked.map((p) => parkedRow(v, p))}</table>
+<table id="parked"><tr><th>tenant</th><th>topic</th><th>key</th><th>behind it</th><th>parked</th><th>refusal</th><th></th></tr>${b.parked.map((p) => parkedRow(v, p))}</table>
 <h2>Dead letters</h2>${b.deadLetters.length === 0 ? html`<p>No dead letters.</p>` : ''}
-<table id="dead-letters">${b.deadLetters.map((d) => deadLetterRow(v, d))}</table>`,
+<table id="dead-letters"><tr><th>group</th><th>message</th><th>from</th><th>tries</th><th>when</th><th>error</th><th></th></tr>${b.deadLetters.map((d) => deadLetterRow(v, d))}</table>`,
   );
+}
+
+/** 0,1,2,5,7,8 as "0-2, 5, 7-8". */
+function lanesText(lanes: number[]): string {
+  const out: string[] = [];
+  for (let i = 0; i < lanes.length; i++) {
+    let j = i;
+    while (j + 1 < lanes.length && lanes[j + 1] === lanes[j]! + 1) j++;
+    out.push(j > i ? `${lanes[i]}-${lanes[j]}` : `${lanes[i]}`);
+    i = j;
+  }
+  return out.join(', ');
 }
 
 function parkedRow(v: View, p: ParkedKey): Html {

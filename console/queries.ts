@@ -159,13 +159,8 @@ export interface LaneBacklog {
 
 export interface BusPage {
   lanes: LaneBacklog[];
-  owners: Array<{
-    lane: number;
-    owner: string | null;
-    fencing_token: number;
-    expires_at: Date;
-    live: boolean;
-  }>;
+  /** Lanes per live owner (owner null: lanes no relay holds now), with their fencing tokens. */
+  owners: Array<{ owner: string | null; lanes: number[]; fencing_tokens: string; lease_until: Date | null }>;
   parked: ParkedKey[];
   deadLetters: DeadLetter[];
 }
@@ -177,8 +172,10 @@ export async function busPage(s: Scope): Promise<BusPage> {
       FROM outbox GROUP BY lane ORDER BY lane`.execute(s.db),
     sql<
       BusPage['owners'][number]
-    >`SELECT lane, owner, fencing_token::int8::float8 AS fencing_token, expires_at,
-        (owner IS NOT NULL AND expires_at > now()) AS live FROM relay_lane ORDER BY lane`.execute(s.owner),
+    >`SELECT CASE WHEN owner IS NOT NULL AND expires_at > now() THEN owner END AS owner,
+        array_agg(lane ORDER BY lane) AS lanes, min(fencing_token)::text || '..' || max(fencing_token)::text AS fencing_tokens,
+        min(expires_at) FILTER (WHERE owner IS NOT NULL AND expires_at > now()) AS lease_until
+      FROM relay_lane GROUP BY 1 ORDER BY 1 NULLS LAST`.execute(s.owner),
     listParked(s.owner),
     listDeadLetters(s.db),
   ]);
