@@ -5,4 +5,10 @@
  * @module @cairn-state/cairn/console
  */
 export { type ConsoleUser, parseUsers, type Role, usersFromFileOrEnv } from './auth.js';
-export { type ConsoleOptions, createConsoleApp, type RunningConsole, startConsole } from './server.js';
+export {
+  type ConsoleApp,
+  type ConsoleOptions,
+  createConsoleApp,
+  type RunningConsole,
+  startConsole,
+} from './server.js';

@@ -24,6 +24,7 @@ import {
 } from './pages.js';
 import { busPage, gatesPage, listTasks, liveSampler, type Scope, taskPage } from './queries.js';
 
+/** What the console needs: the database, its users, and optionally keys, a publisher, a logger. */
 export interface ConsoleOptions {
   /** The owner's database (made from a connection string, so tenant-bound users can log in as their tenant). */
   db: Db;
@@ -41,12 +42,20 @@ export interface ConsoleOptions {
 
 type Env = { Variables: { user: ConsoleUser; basic: boolean } };
 
+/** The console as a fetch handler, to mount in a server of yours; close() ends its tenant connections. */
+export interface ConsoleApp {
+  /** Answers one request (a WHATWG fetch handler: Hono, Node's adapters, Bun and Deno take it). */
+  fetch(request: Request): Response | Promise<Response>;
+  /** Closes the connections it opened for tenant-bound users (not `db`, which is yours). */
+  close(): Promise<void>;
+}
+
 /**
  * The operator console: server-rendered pages over the same library functions as the CLI.
  * Every request is authenticated (basic auth or a bearer token); `read` users see, `operator`
  * users also act; a user bound to a tenant reads through that tenant's row-level security.
  */
-export function createConsoleApp(o: ConsoleOptions) {
+export function createConsoleApp(o: ConsoleOptions): ConsoleApp {
   const tokens = formTokens();
   const tenantDbs = new Map<string, Db>();
   const sample = liveSampler();
@@ -170,7 +179,7 @@ export function createConsoleApp(o: ConsoleOptions) {
   });
 
   return {
-    app,
+    fetch: (request) => app.fetch(request),
     async close() {
       await Promise.all([...tenantDbs.values()].map((db) => db.destroy()));
       tenantDbs.clear();
@@ -192,6 +201,7 @@ function sameSiteBack(referer: string | undefined): string {
 /** A running console: its address, and how to stop it. */
 export interface RunningConsole {
   url: string;
+  /** Stops listening, ends open connections (live streams too) and the tenant connections. */
   close(): Promise<void>;
 }
 
@@ -199,7 +209,7 @@ export interface RunningConsole {
 export async function startConsole(
   o: ConsoleOptions & { host?: string; port?: number },
 ): Promise<RunningConsole> {
-  const { app, close } = createConsoleApp(o);
+  const app = createConsoleApp(o);
   const host = o.host ?? '127.0.0.1';
   const server = await new Promise<ReturnType<typeof serve>>((resolve, reject) => {
     const s = serve({ fetch: app.fetch, hostname: host, port: o.port ?? 7070 }, () => resolve(s));
@@ -213,7 +223,7 @@ export async function startConsole(
         server.close(() => resolve());
         (server as unknown as { closeAllConnections?: () => void }).closeAllConnections?.();
       });
-      await close();
+      await app.close();
     },
   };
 }

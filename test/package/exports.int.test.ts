@@ -103,7 +103,7 @@ describe(`the ${pkg.name} tarball`, () => {
         .map((f) => readFileSync(join(repoRoot, 'docs', f), 'utf8')),
     ].join('\n');
     const names = exportedNames();
-    expect([...names.keys()].sort()).toEqual(['.', './inbox', './langgraph', './relay']);
+    expect([...names.keys()].sort()).toEqual(['.', './console', './inbox', './langgraph', './relay']);
     const undocumented = [...names].flatMap(([entry, list]) =>
       list.filter((n) => !new RegExp(`\\b${n}\\b`).test(docs)).map((n) => `${entry}: ${n}`),
     );
@@ -114,5 +114,6 @@ describe(`the ${pkg.name} tarball`, () => {
     expect(names.get('./relay')).toContain('createRelay');
     expect(names.get('./inbox')).toContain('createInboxConsumer');
     expect(names.get('./langgraph')).toContain('CairnSaver');
+    expect(names.get('./console')).toContain('startConsole');
   });
 });
