@@ -1,4 +1,5 @@
 /** `up`, `down` and `status` of the local stack, shared by `npm run stack:*` and `cairn stack`. */
+import { clusterNodes, nodePid, stopLocalCluster } from './cluster.js';
 import { isAlive, KAFKA_VERSION, kafkaAnswers, localBrokers, readPid, stopLocalKafka } from './kafka.js';
 import { kafkaPaths } from './paths.js';
 import { localDatabaseUrl, postgresAnswers, redactUrl } from './postgres.js';
@@ -6,8 +7,10 @@ import { resolveStack } from './resolve.js';
 
 const log = (line: string) => console.log(`[cairn stack] ${line}`);
 
-export async function up(): Promise<void> {
+/** Starts the local stack; `brokers` > 1 (or CAIRN_KAFKA_BROKERS_LOCAL) starts a local cluster instead of one broker. */
+export async function up(brokers?: number): Promise<void> {
   process.env.CAIRN_STACK = 'local';
+  if (brokers !== undefined) process.env.CAIRN_KAFKA_BROKERS_LOCAL = String(brokers);
   const stack = await resolveStack(log);
   log(`postgres: ${redactUrl(stack.databaseUrl)} (${stack.source.postgres})`);
   log(`kafka:    ${stack.kafkaBrokers} (${stack.source.kafka})`);
@@ -17,7 +20,9 @@ export async function up(): Promise<void> {
 
 export async function down(): Promise<void> {
   const stopped = await stopLocalKafka();
+  const nodes = await stopLocalCluster(30_000);
   log(stopped ? 'Kafka broker stopped' : 'no local Kafka broker was running');
+  if (nodes > 0) log(`${nodes} node(s) of the local Kafka cluster stopped`);
 }
 
 /** What `cairn stack status` finds; `--json` prints it as it is. */
@@ -27,8 +32,8 @@ export interface StackStatus {
   postgres: { url: string; source: 'DATABASE_URL' | 'local'; reachable: boolean; error?: string };
   kafka: {
     source: 'KAFKA_BROKERS' | 'local';
-    /** Each bootstrap broker, asked on its own. */
-    brokers: Array<{ address: string; reachable: boolean }>;
+    /** Each bootstrap broker, asked on its own (with its pid for a node of the local cluster). */
+    brokers: Array<{ address: string; reachable: boolean; pid?: number | null }>;
     /** The local broker's process while it runs; null for KAFKA_BROKERS or a stopped broker. */
     pid: number | null;
     /** The local broker only: `starting` while its process runs but does not answer yet. */
@@ -62,6 +67,30 @@ export async function stackStatus(): Promise<StackStatus> {
       kafka: { source: 'KAFKA_BROKERS', brokers, pid: null },
     };
   }
+  const cluster = clusterNodes(9).filter((n) => nodePid(n) !== undefined);
+  if (cluster.length > 0) {
+    // The local cluster: each node that runs, asked on its own.
+    const nodes = await Promise.all(
+      cluster.map(async (n) => ({
+        address: n.address,
+        reachable: await kafkaAnswers(n.address),
+        pid: nodePid(n) ?? null,
+      })),
+    );
+    const up = nodes.every((b) => b.reachable);
+    return {
+      ok: postgres.reachable && up,
+      postgres,
+      kafka: {
+        source: 'local',
+        brokers: nodes,
+        pid: nodes[0]?.pid ?? null,
+        state: up ? 'up' : 'starting',
+        version: KAFKA_VERSION,
+        log: cluster.map((n) => n.log).join(', '),
+      },
+    };
+  }
   const pid = readPid();
   const alive = pid !== undefined && isAlive(pid);
   // Something else answering on the port while our broker is not running is not the local stack.
@@ -88,6 +117,11 @@ export function printStackStatus(s: StackStatus): void {
   const k = s.kafka;
   if (k.source === 'KAFKA_BROKERS') {
     for (const b of k.brokers) log(`kafka ${b.address} (KAFKA_BROKERS): ${b.reachable ? 'up' : 'DOWN'}`);
+    return;
+  }
+  if (k.brokers.length > 1) {
+    for (const b of k.brokers)
+      log(`kafka ${b.address} (local cluster ${k.version}): ${b.reachable ? 'up' : 'DOWN'}, pid ${b.pid}`);
     return;
   }
   const state = k.state === 'down' ? 'down' : `${k.state}, pid ${k.pid}`;

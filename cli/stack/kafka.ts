@@ -107,52 +107,72 @@ export function fetchJars(log: (line: string) => void): void {
   }
 }
 
-function writeConfig(): void {
-  ensureDir(kafkaPaths.data);
-  writeFileSync(
-    kafkaPaths.config,
-    [
-      'process.roles=broker,controller',
-      'node.id=1',
-      `controller.quorum.voters=1@127.0.0.1:${controllerPort}`,
-      `listeners=PLAINTEXT://127.0.0.1:${kafkaPort},CONTROLLER://127.0.0.1:${controllerPort}`,
-      // 127.0.0.1, never localhost: Node may resolve localhost to ::1 (kafkajs issue 1299).
-      `advertised.listeners=PLAINTEXT://127.0.0.1:${kafkaPort}`,
-      'controller.listener.names=CONTROLLER',
-      'inter.broker.listener.name=PLAINTEXT',
-      'listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT',
-      `log.dirs=${kafkaPaths.data}`,
-      // One node: every internal topic has replication factor 1, or groups never find a coordinator.
-      'offsets.topic.replication.factor=1',
-      'offsets.topic.num.partitions=3',
-      'transaction.state.log.replication.factor=1',
-      'transaction.state.log.min.isr=1',
-      'transaction.state.log.num.partitions=1',
-      'min.insync.replicas=1',
-      'num.partitions=3',
-      'group.initial.rebalance.delay.ms=0',
-      // Crash tests kill consumers; a short minimum session lets the group notice in ~2 s, not 6+.
-      'group.min.session.timeout.ms=1000',
-      // The node's broker half heartbeats to its own controller half. On a starved machine (the
-      // chaos soak under CPU hogs) heartbeats came more than the default 9 s late, and even 30 s
-      // late at a load average of 100+, and the controller fenced its only broker ("Fencing
-      // broker 1 because its session has timed out"): every partition lost its leader and every
-      // group its coordinator until it was unfenced. With one broker there is nobody to fail
-      // over to, so the session is long.
-      'broker.session.timeout.ms=60000',
-      // The cost: after an unclean stop (SIGKILL) the restarted controller keeps the old
-      // registration alive for a session and refuses the new one ("Another broker is
-      // registered with that broker id"). With the default 60 s to register, a broker with a
-      // 60 s session gave up and exited; it may now take 5 minutes.
-      'initial.broker.registration.timeout.ms=300000',
-      'auto.create.topics.enable=true',
-      'log.retention.hours=24',
-      'log.segment.bytes=67108864',
-      'num.network.threads=2',
-      'num.io.threads=4',
-      '',
-    ].join('\n'),
-  );
+/** One KRaft node's settings: its id, ports, data folder, and the cluster's voters and sizes. */
+export interface NodeConfig {
+  nodeId: number;
+  port: number;
+  controllerPort: number;
+  /** `id@host:port` of every controller in the cluster. */
+  voters: string;
+  dataDir: string;
+  /** Brokers in the cluster: replication of internal topics and of topics created without a factor. */
+  brokers: number;
+}
+
+/** server.properties of one node (combined broker and controller). */
+export function nodeProperties(c: NodeConfig): string {
+  const replication = Math.min(3, c.brokers);
+  // With 3 replicas an acknowledged write (acks=all) is on at least 2 of them.
+  const minIsr = replication >= 3 ? 2 : 1;
+  return [
+    'process.roles=broker,controller',
+    `node.id=${c.nodeId}`,
+    `controller.quorum.voters=${c.voters}`,
+    `listeners=PLAINTEXT://127.0.0.1:${c.port},CONTROLLER://127.0.0.1:${c.controllerPort}`,
+    // 127.0.0.1, never localhost: Node may resolve localhost to ::1 (kafkajs issue 1299).
+    `advertised.listeners=PLAINTEXT://127.0.0.1:${c.port}`,
+    'controller.listener.names=CONTROLLER',
+    'inter.broker.listener.name=PLAINTEXT',
+    'listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT',
+    `log.dirs=${c.dataDir}`,
+    // Internal topics replicated like the cluster (a single node: factor 1, or groups never
+    // find a coordinator); topics created without a factor get the same.
+    `offsets.topic.replication.factor=${replication}`,
+    'offsets.topic.num.partitions=3',
+    `transaction.state.log.replication.factor=${replication}`,
+    `transaction.state.log.min.isr=${minIsr}`,
+    'transaction.state.log.num.partitions=1',
+    `default.replication.factor=${replication}`,
+    `min.insync.replicas=${minIsr}`,
+    // Never elect a replica that missed acknowledged writes (the default, said out loud).
+    'unclean.leader.election.enable=false',
+    'num.partitions=3',
+    'group.initial.rebalance.delay.ms=0',
+    // Crash tests kill consumers; a short minimum session lets the group notice in ~2 s, not 6+.
+    'group.min.session.timeout.ms=1000',
+    // The node's broker half heartbeats to the controller. On a starved machine (the chaos soak
+    // under CPU hogs) heartbeats came more than the default 9 s late, and even 30 s late at a
+    // load average of 100+, and the controller fenced its only broker ("Fencing broker 1
+    // because its session has timed out"): every partition lost its leader and every group its
+    // coordinator until it was unfenced. With one broker there is nobody to fail over to, so
+    // the session is long; in a cluster a dead broker's partitions must move within seconds.
+    `broker.session.timeout.ms=${c.brokers > 1 ? 12000 : 60000}`,
+    // The cost: after an unclean stop (SIGKILL) the restarted controller keeps the old
+    // registration alive for a session and refuses the new one ("Another broker is
+    // registered with that broker id"). With the default 60 s to register, a broker with a
+    // 60 s session gave up and exited; it may now take 5 minutes.
+    'initial.broker.registration.timeout.ms=300000',
+    'auto.create.topics.enable=true',
+    'log.retention.hours=24',
+    'log.segment.bytes=67108864',
+    'num.network.threads=2',
+    'num.io.threads=4',
+    '',
+  ].join('\n');
+}
+
+/** The broker's log4j settings (3.9 logs through log4j 1.x), shared by every node. */
+export function writeLog4j(): void {
   writeFileSync(
     kafkaPaths.log4j,
     [
@@ -169,7 +189,23 @@ function writeConfig(): void {
   );
 }
 
-function java(args: string[], opts: { log4j?: boolean } = {}): string[] {
+function writeConfig(): void {
+  ensureDir(kafkaPaths.data);
+  writeFileSync(
+    kafkaPaths.config,
+    nodeProperties({
+      nodeId: 1,
+      port: kafkaPort,
+      controllerPort,
+      voters: `1@127.0.0.1:${controllerPort}`,
+      dataDir: kafkaPaths.data,
+      brokers: 1,
+    }),
+  );
+  writeLog4j();
+}
+
+export function java(args: string[], opts: { log4j?: boolean } = {}): string[] {
   const jvm = ['-Xms256m', '-Xmx512m', '-XX:+UseG1GC', '-Djava.awt.headless=true'];
   if (opts.log4j) jvm.push(`-Dlog4j.configuration=file:${kafkaPaths.log4j}`);
   return [...jvm, '-cp', `${kafkaPaths.libs}/*`, ...args];

@@ -4,6 +4,7 @@
  *  2. testcontainers, when a container engine answers (skipped with CAIRN_STACK=local);
  *  3. the local stack: Postgres at 127.0.0.1:5432 and a KRaft broker started from Maven jars.
  */
+import { clusterBrokers, startLocalCluster } from './cluster.js';
 import { kafkaAnswers, localBrokers, startLocalKafka } from './kafka.js';
 import { localDatabaseUrl, postgresAnswers, postgresHelp } from './postgres.js';
 
@@ -57,7 +58,12 @@ export async function resolveStack(log: Log = (l) => console.error(`[cairn stack
   const pgError = await postgresAnswers(databaseUrl);
   if (pgError) throw new Error(postgresHelp(databaseUrl, pgError, Boolean(envDb)));
 
-  if (!kafkaBrokers) {
+  const clusterSize = Number(process.env.CAIRN_KAFKA_BROKERS_LOCAL ?? 1);
+  if (!kafkaBrokers && clusterSize > 1) {
+    localKafka = await startLocalCluster(clusterSize, log);
+    kafkaBrokers = clusterBrokers(clusterSize);
+    source.kafka = `local KRaft cluster of ${clusterSize} ${kafkaBrokers}`;
+  } else if (!kafkaBrokers) {
     localKafka = await startLocalKafka(log);
     kafkaBrokers = localBrokers;
     source.kafka = `local KRaft broker ${localBrokers}`;
