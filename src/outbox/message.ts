@@ -2,6 +2,7 @@ import { v5 as uuidv5, v7 as uuidv7 } from 'uuid';
 import { z } from 'zod';
 import { ValidationError } from '../errors.js';
 import { zodIssues } from '../schemas/zodIssues.js';
+import { activeTraceHeaders } from '../tracing/otel.js';
 import { isReservedHeader, RESERVED_PREFIX } from './wire.js';
 
 /** Namespace for message ids derived from a caller's idempotency key (UUIDv5). */
@@ -129,6 +130,9 @@ export function prepareMessage(input: OutboxMessageInput, index: number, ctx: Pr
     : uuidv7();
   const headers: Record<string, string> = { ...m.headers };
   if (m.traceparent) headers.traceparent = m.traceparent;
+  // No trace context of the caller's: the active span's (a task update's, say) goes with the
+  // message, so its consumer's span joins the trace.
+  if (headers.traceparent === undefined) Object.assign(headers, activeTraceHeaders());
   return {
     message_id: messageId,
     topic: m.topic,
