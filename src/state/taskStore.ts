@@ -29,6 +29,7 @@ import { diff } from './replay.js';
 import { assertChangeAllowed } from './rules.js';
 import { casUpdate } from './sql/casUpdate.js';
 import { DEFAULT_REQUIRED_GATES } from './transitions.js';
+import { noteStatusChange, withUpdateSpans } from './updateSpan.js';
 
 /** What createTaskStore takes. */
 export interface TaskStoreOptions {
@@ -196,7 +197,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       .catch(rethrowMapped); // an unmigrated database: "run cairn migrate"
   }
 
-  return {
+  return withUpdateSpans({
     async create({ task, actor, reason, trx }) {
       checkActor(actor);
       const input = parse('new task', NewTask, task);
@@ -300,6 +301,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
         updated_by: input.actor,
       });
       checkWriteOnce(prev, next);
+      noteStatusChange(prev, next);
       assertNoCredentials(`task ${input.taskId}`, patch);
       assertChangeAllowed(prev, next, { reason: input.reason, requiredGates: o.requiredGates });
       fields?.assertChangeNotCopied(next, input.reason, input.messages);
@@ -383,7 +385,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
         .catch(rethrowMapped);
       return rows as AuditRow[];
     },
-  };
+  });
 }
 
 async function insertAudit(
