@@ -1,8 +1,13 @@
-import { Gauge, Registry } from 'prom-client';
+import { Gauge, Histogram, Registry } from 'prom-client';
 import type { Db } from '../src/db/database.js';
+import { observationsOf } from '../src/metrics/observations.js';
 import { totalCounter } from '../src/metrics/totalCounter.js';
 import { outboxStatus } from '../src/outbox/status.js';
+import type { RelayObservation } from './publishSpan.js';
 import type { Relay } from './relay.js';
+
+/** Seconds from commit to the broker's ack: a relay keeping up is in the first buckets. */
+export const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300];
 
 /** The relay's Prometheus metrics; database-backed gauges are read at scrape time. */
 export function relayMetrics(relay: Relay, db: Db): Registry {
@@ -62,6 +67,22 @@ export function relayMetrics(relay: Relay, db: Db): Registry {
     collect() {
       this.set(status?.parked_keys ?? 0);
     },
+  });
+  const commitToPublish = new Histogram({
+    name: 'cairn_relay_commit_to_publish_seconds',
+    help: "From an outbox row's insert (database clock) to the broker's ack of its message",
+    buckets: LATENCY_BUCKETS,
+    registers: [registry],
+  });
+  const batchSize = new Histogram({
+    name: 'cairn_relay_batch_size',
+    help: 'Messages per batch the broker acknowledged',
+    buckets: [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500],
+    registers: [registry],
+  });
+  observationsOf<RelayObservation>(relay)?.subscribe((o) => {
+    batchSize.observe(o.batchSize);
+    for (const s of o.commitToPublishSeconds) commitToPublish.observe(s);
   });
   return registry;
 }

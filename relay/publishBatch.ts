@@ -3,7 +3,9 @@ import type { Db } from '../src/db/database.js';
 import { isPoisonError } from '../src/kafka/classifyError.js';
 import type { Publisher, PublishMessage } from '../src/kafka/publisher.js';
 import type { Logger } from '../src/logger.js';
+import type { Observations } from '../src/metrics/observations.js';
 import { BadRowError, wireHeaders } from '../src/outbox/wire.js';
+import { inPublishSpan, observeBatch, type RelayObservation } from './publishSpan.js';
 import type { ClaimedRow } from './sql/claimBatch.js';
 import { parkKey } from './sql/parkKey.js';
 import type { RelayStats, RelayTestHooks } from './types.js';
@@ -20,6 +22,8 @@ export interface PublishContext {
   stats: RelayStats;
   publishRetries: number | undefined;
   hooks: RelayTestHooks;
+  /** Where acknowledged batches are reported for the histograms (relay/metrics.ts). */
+  observed: Observations<RelayObservation>;
 }
 
 /** A row and the message it becomes (Cairn's headers from its columns, src/outbox/wire.ts). */
@@ -74,8 +78,16 @@ export async function toMessages(
   return { ready, parkedAny: parked.size > 0 };
 }
 
-/** Publishes with retries for retriable errors; a non-retriable one is thrown as is. */
+/**
+ * Publishes with retries for retriable errors; a non-retriable one is thrown as is. One
+ * producer span covers the batch and its retries (relay/publishSpan.ts).
+ */
 export async function publishWithRetry(c: PublishContext, batch: readonly Ready[]): Promise<void> {
+  await inPublishSpan(batch, () => retrying(c, batch));
+  c.observed.emit(observeBatch(batch, Date.now()));
+}
+
+async function retrying(c: PublishContext, batch: readonly Ready[]): Promise<void> {
   await pRetry(
     async () => {
       try {

@@ -6,12 +6,14 @@ import { isConfigurationSqlError, mapSqlError } from '../src/db/sqlstate.js';
 import { CairnError, CairnErrorCodes, ConfigurationError } from '../src/errors.js';
 import { isKafkaConfigurationError, isPoisonError } from '../src/kafka/classifyError.js';
 import { silentLogger } from '../src/logger.js';
+import { observations, withObservations } from '../src/metrics/observations.js';
 import { parseOptions } from '../src/options.js';
 import { LANE_COUNT } from '../src/outbox/lanes.js';
 import { OUTBOX_CHANNEL } from '../src/outbox/outbox.js';
 import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
 import { RelayOptionsSchema } from './options.js';
 import { isolatePoison, type PublishContext, publishWithRetry, toMessages } from './publishBatch.js';
+import type { RelayObservation } from './publishSpan.js';
 import { type ClaimedRow, claimBatch } from './sql/claimBatch.js';
 import { deleteFenced } from './sql/deleteFenced.js';
 import {
@@ -108,6 +110,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     stats,
     publishRetries: options.publishRetries,
     hooks,
+    observed: observations<RelayObservation>(),
   };
 
   // Pipelining: while batch N is published, batch N+1 is claimed (excluding N's rows), and
@@ -341,7 +344,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     }
   }
 
-  return {
+  const relay: Relay = {
     instanceId,
     run() {
       running ??= loop();
@@ -355,4 +358,5 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     },
     stats: () => ({ ...stats, waitMs: { ...stats.waitMs } }),
   };
+  return withObservations(relay, publishing.observed);
 }

@@ -14,6 +14,8 @@ export interface ClaimedRow {
   /** As stored: only the caller's headers, and not to be trusted (see src/outbox/wire.ts). */
   headers: unknown;
   payload: Buffer;
+  /** When the row was inserted (database clock): the start of commit-to-publish latency. */
+  created_at: Date;
 }
 
 /**
@@ -48,7 +50,7 @@ export async function claimBatch(
   for (const r of exclude) extra.set(r.lane, (extra.get(r.lane) ?? 0) + 1);
   const { rows } = await sql<ClaimedRow>`
     SELECT o.id, o.lane, o.message_id, o.tenant_id, o.task_id, o.task_version, o.task_seq,
-           o.topic, o.key, o.headers, o.payload
+           o.topic, o.key, o.headers, o.payload, o.created_at
       FROM unnest(${lanes}::int[], ${lanes.map((l) => base + (extra.get(l) ?? 0))}::int[]) AS l(lane, n)
      CROSS JOIN LATERAL (
        SELECT * FROM outbox o
