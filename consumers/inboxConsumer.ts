@@ -12,6 +12,7 @@ import { parseOptions } from '../src/options.js';
 import { DLQ_HEADER, HEADER } from '../src/outbox/wire.js';
 import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
 import { InboxConsumerOptionsSchema } from './options.js';
+import { applyTracing } from './processSpan.js';
 import { claimVersion } from './sql/claimVersion.js';
 import { appliedBy, inboxKey, insertInboxRows } from './sql/insertInboxRows.js';
 import { pruneInbox } from './sql/pruneInbox.js';
@@ -30,6 +31,8 @@ export interface InboxMessage {
   key: string | null;
   headers: Readonly<Record<string, string>>;
   value: Buffer | null;
+  /** The Kafka record's timestamp, in ms since the epoch. */
+  timestamp?: number;
   /** The tenant whose message it is (`cairn-tenant`, set by the relay from the outbox row). */
   tenantId: string | undefined;
   /** The task whose change caused the message (`cairn-task-id`), when it has one. */
@@ -168,6 +171,7 @@ export function toInboxMessage(m: ReceivedMessage): InboxMessage {
     key: m.key,
     headers: m.headers,
     value: m.value,
+    timestamp: m.timestamp,
     tenantId: m.headers[HEADER.tenant] || undefined,
     taskId: m.headers[HEADER.taskId] || undefined,
     taskVersion: count(m.headers[HEADER.taskVersion]),
@@ -215,6 +219,7 @@ export function createInboxConsumerWithTestHooks(
   let dlqConnected: Promise<void> | undefined;
   let waitingForDb = false;
   const stopWaiting = new AbortController();
+  const traced = applyTracing(groupId);
 
   /** Applies the new messages of a chunk in one transaction; returns counts to add once it committed. */
   async function applyChunk(trx: Trx, chunk: readonly InboxMessage[]) {
@@ -244,7 +249,7 @@ export function createInboxConsumerWithTestHooks(
           continue;
         }
       }
-      await handler(trx, m);
+      await traced.run(m, () => handler(trx, m));
       counts.applied++;
     }
     return counts;
@@ -380,7 +385,7 @@ export function createInboxConsumerWithTestHooks(
     pruneTimer.unref();
   }
 
-  return {
+  const consumer: InboxConsumer = {
     async run() {
       const reached = await untilReachable(() => pingDatabase(db), {
         dependency: 'postgres',
@@ -405,4 +410,5 @@ export function createInboxConsumerWithTestHooks(
     stats: () => ({ ...stats }),
     waitingFor: () => (waitingForDb ? 'postgres' : options.subscriber.waiting() ? 'kafka' : null),
   };
+  return traced.attach(consumer);
 }

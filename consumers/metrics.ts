@@ -1,8 +1,10 @@
 import type { Admin } from 'kafkajs';
-import { Gauge, Registry } from 'prom-client';
+import { Gauge, Histogram, Registry } from 'prom-client';
 import type { Db } from '../src/db/database.js';
+import { observationsOf } from '../src/metrics/observations.js';
 import { totalCounter } from '../src/metrics/totalCounter.js';
 import type { InboxConsumer } from './inboxConsumer.js';
+import type { InboxObservation } from './processSpan.js';
 
 /**
  * An inbox consumer's Prometheus metrics: applied, duplicates skipped, stale refused, dead
@@ -65,6 +67,16 @@ export function inboxMetrics(
       if (r) this.set({ group: opts.groupId }, Number(r.n));
     },
   });
+  const publishToApply = new Histogram({
+    name: 'cairn_inbox_publish_to_apply_seconds',
+    help: "From the Kafka record's timestamp to its handler's completion (its transaction commits next)",
+    labelNames: ['group'],
+    buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300],
+    registers: [registry],
+  });
+  observationsOf<InboxObservation>(consumer)?.subscribe((o) =>
+    publishToApply.observe({ group: opts.groupId }, o.publishToApplySeconds),
+  );
   if (opts.admin) {
     const admin = opts.admin;
     new Gauge({

@@ -17,6 +17,8 @@ export interface ReceivedMessage {
   key: string | null;
   value: Buffer | null;
   headers: Record<string, string>;
+  /** The record's timestamp, in ms since the epoch (the producer's create time by default). */
+  timestamp?: number;
 }
 
 /** The messages of one partition in one fetch, in order. */
@@ -170,6 +172,7 @@ export function createKafkaSubscriber(options: KafkaSubscriberOptions): Subscrib
               key: m.key?.toString() ?? null,
               value: m.value,
               headers,
+              timestamp: Number(m.timestamp),
             };
           }),
           isActive: () => isRunning() && !isStale(),
