@@ -114,6 +114,7 @@ describe('inbox consumer on a real broker and real Postgres', () => {
       expect(text).toMatch(/^cairn_inbox_applied_total\{group="[^"]+"\} 2$/m);
       expect(text).toMatch(/^cairn_inbox_duplicates_total\{group="[^"]+"\} 2$/m);
       expect(text).toMatch(/^cairn_inbox_dlq_open\{group="[^"]+"\} 0$/m);
+      expect(text).toContain('# TYPE cairn_inbox_publish_to_apply_seconds histogram');
     } finally {
       await admin.disconnect();
     }

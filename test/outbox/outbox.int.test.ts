@@ -308,6 +308,9 @@ describe('relay to a real broker', () => {
       expect(metrics).toMatch(/^cairn_relay_lanes_owned 32$/m);
       expect(metrics).toMatch(/^cairn_outbox_backlog \d+$/m);
       expect(metrics).toMatch(/^cairn_outbox_parked_keys \d+$/m);
+      // The histograms count what was published since the registry was made.
+      expect(metrics).toMatch(/^cairn_relay_commit_to_publish_seconds_count \d+$/m);
+      expect(metrics).toMatch(/^cairn_relay_batch_size_bucket\{le="\+Inf"\} \d+$/m);
       expect((await fetch(`${base}/healthz`)).status).toBe(200);
       expect((await fetch(`${base}/readyz`)).status).toBe(200);
     } finally {
