@@ -1,4 +1,4 @@
-import { context, type Span, SpanKind, trace } from '@opentelemetry/api';
+import { context, type Span, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
 import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
 import {
   BasicTracerProvider,
@@ -156,5 +156,26 @@ describe('one task update through the relay and an inbox consumer is one trace',
     expect(relayText).toContain('cairn_relay_commit_to_publish_seconds_count 1');
     const inboxText = await inboxRegistry.metrics();
     expect(inboxText).toContain(`cairn_inbox_publish_to_apply_seconds_count{group="${groupId}"} 1`);
+  });
+
+  it('a refused update ends its span with status error and error.type = the code, never the message', async () => {
+    const store = createTaskStore({ db: tdb.db });
+    await store.create({ task: newTask('refused'), actor: AGENT });
+    exporter.reset();
+    await expect(
+      store.update({
+        taskId: 'refused',
+        expectedVersion: 1,
+        patch: { status: 'complete' },
+        actor: AGENT,
+        reason: 'tenant-private reason',
+      }),
+    ).rejects.toMatchObject({ code: 'invalid_transition' });
+    const update = only('cairn.task.update');
+    expect(update.status.code).toBe(SpanStatusCode.ERROR);
+    expect(update.status.message).toBeUndefined();
+    expect(update.attributes['error.type']).toBe('invalid_transition');
+    expect(update.events).toEqual([]);
+    expect(JSON.stringify(update.attributes)).not.toContain('tenant-private');
   });
 });
