@@ -39,6 +39,7 @@ export function consoleCommand(argv: string[]): Promise<number> {
     const users = usersFromFileOrEnv(values.users);
     const logger = createLogger({ name: 'cairn-console' });
     const url = databaseUrlFromEnv();
+    const brokers = kafkaBrokersFromEnv();
     const db = createDb({ connectionString: url, max: 6, applicationName: 'cairn-console' });
     await assertReachable(db, url);
     const running = await startConsole({
@@ -47,7 +48,7 @@ export function consoleCommand(argv: string[]): Promise<number> {
       host: values.host,
       port,
       checkpointKeys: checkpointKeysFromEnv(db, values.keyring),
-      publisher: createKafkaPublisher({ brokers: kafkaBrokersFromEnv() }),
+      publisher: () => createKafkaPublisher({ brokers, clientId: 'cairn-console' }),
       logger,
     });
     logger.info({ url: running.url, users: users.map((u) => `${u.name}:${u.role}`) }, 'console listening');

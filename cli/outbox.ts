@@ -19,7 +19,7 @@ const usage = `usage:
   cairn outbox status [--json]
   cairn outbox parked [--json]
   cairn outbox release <key> --topic <topic> [--tenant T] --reason "..." [--actor spiffe://...] [--json]
-  cairn outbox skip <message_id> --reason "..." [--actor spiffe://...] [--json]`;
+  cairn outbox skip <message_id> [--tenant T] --reason "..." [--actor spiffe://...] [--json]`;
 
 // One schema per sub-command, keyed by the flag (or usage) name an operator typed.
 const json = z.boolean().optional();
@@ -28,7 +28,7 @@ const inputs = {
   status: z.strictObject({ json }),
   parked: z.strictObject({ json }),
   release: z.strictObject({ key: OutboxKey, topic: TopicName, tenant: z.string().optional(), ...audited }),
-  skip: z.strictObject({ message_id: OutboxMessageId, ...audited }),
+  skip: z.strictObject({ message_id: OutboxMessageId, tenant: z.string().optional(), ...audited }),
 };
 
 export function outboxCommand(argv: string[]): Promise<number> {
@@ -94,7 +94,12 @@ export function outboxCommand(argv: string[]): Promise<number> {
         extra,
       });
       return withDb(async (db) => {
-        await skipMessage(db, { messageId: a.message_id, actor: a.actor, reason: a.reason });
+        await skipMessage(db, {
+          messageId: a.message_id,
+          ...(a.tenant !== undefined ? { tenant: a.tenant } : {}),
+          actor: a.actor,
+          reason: a.reason,
+        });
         printResult(a.json, { skipped: a.message_id }, () => console.log(`skipped ${a.message_id}`));
         return 0;
       });

@@ -1,7 +1,8 @@
 import { randomUUID } from 'node:crypto';
+import { sql } from 'kysely';
 import { z } from 'zod';
 import { replayDeadLetter } from '../consumers/deadLetters.js';
-import { CairnError, NotFoundError, ValidationError } from '../src/errors.js';
+import { CairnError, messageOf, NotFoundError, ValidationError } from '../src/errors.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import { OperatorReason, releaseKey, skipMessage } from '../src/outbox/operator.js';
 import { createReceiptStore } from '../src/receipts/receipts.js';
@@ -24,24 +25,28 @@ export interface ActionResult {
 
 const RequestId = z.uuid({ message: 'must be the request id the page put in its form (a UUID)' });
 const text = (max: number) => z.string().trim().min(1).max(max);
+/** A reason as typed, without the spaces around it: "lit " and "lit" are the same reason. */
+const reason = z.string().trim().pipe(OperatorReason);
+/** Whose row: a tenant id, or '' for a row of no tenant (the form says; a tenant-bound user's own tenant wins). */
+const tenant = z.string().max(63);
 
 /** Every action: its form fields, and what it does through the library (the CLI's functions). */
 const ACTIONS = {
   'receipt.resolve': z.strictObject({
-    receipt_id: text(200),
+    receipt_id: z.uuid({ message: 'must be a receipt id (a UUID)' }),
     outcome: z.enum(['succeeded', 'failed', 'compensated']),
-    reason: OperatorReason,
+    reason,
   }),
   'quarantine.release': z.strictObject({ task_id: text(200) }),
   'parked.release': z.strictObject({
     topic: text(249),
     key: text(1024),
-    tenant: z.string().max(63),
-    reason: OperatorReason,
+    tenant,
+    reason,
   }),
-  'outbox.skip': z.strictObject({ message_id: z.uuid(), reason: OperatorReason }),
-  'deadletter.replay': z.strictObject({ message_id: text(512), group: text(255) }),
-  'hold.place': z.strictObject({ task_id: text(200), reason: OperatorReason }),
+  'outbox.skip': z.strictObject({ message_id: z.uuid(), tenant, reason }),
+  'deadletter.replay': z.strictObject({ message_id: text(512), group: text(255), tenant }),
+  'hold.place': z.strictObject({ task_id: text(200), reason }),
   'hold.release': z.strictObject({ task_id: text(200) }),
 } as const;
 export type ActionName = keyof typeof ACTIONS;
@@ -50,8 +55,8 @@ export const ACTION_NAMES = Object.keys(ACTIONS) as ActionName[];
 export interface ActionContext {
   scope: Scope;
   user: ConsoleUser;
-  /** To send a replayed dead letter; without one, replay is refused with a clear message. */
-  publisher?: Publisher;
+  /** A publisher per replayed dead letter (each is connected and closed by the replay); without it, replay is refused. */
+  publisher?: () => Publisher;
 }
 
 /** A fresh request id for a form: the same form sent twice carries the same one. */
@@ -86,10 +91,48 @@ export async function runAction(
   const target = targetOf(name as ActionName, input);
   const { owner } = ctx.scope;
 
-  const claimed = await owner
+  const claimed = await claim(ctx, requestId.data, name, target);
+  if ('repeated' in claimed) return claimed;
+  let result: { outcome: Exclude<Outcome, 'in_progress'>; message: string };
+  try {
+    result = await perform(ctx, name as ActionName, input);
+  } catch (err) {
+    // Not done, or not known to be done: recorded as failed (the same form may be sent again).
+    await owner
+      .updateTable('console_action')
+      .set({ outcome: 'failed', detail: messageOf(err).slice(0, 2000), finished_at: new Date() })
+      .where('id', '=', claimed.id)
+      .execute()
+      .catch(() => {}); // the database may be what failed: the row stays pending, and is taken again later
+    throw err;
+  }
+  await owner
+    .updateTable('console_action')
+    .set({ outcome: result.outcome, detail: result.message, finished_at: new Date() })
+    .where('id', '=', claimed.id)
+    .execute();
+  return { ...result, repeated: false };
+}
+
+/** A request left pending this long was abandoned (its process died, its database went away): it may run again. */
+const ABANDONED_MS = 120_000;
+
+/**
+ * Records the request before it runs. A request seen before answers with its first outcome;
+ * one that failed, or was abandoned while pending, is taken again (every action checks the
+ * state it changes, so running it again after a partial run does no harm).
+ */
+async function claim(
+  ctx: ActionContext,
+  requestId: string,
+  name: string,
+  target: string,
+): Promise<{ id: number } | ActionResult> {
+  const { owner } = ctx.scope;
+  const inserted = await owner
     .insertInto('console_action')
     .values({
-      request_id: requestId.data,
+      request_id: requestId,
       actor: ctx.user.id,
       role: ctx.user.role,
       scope_tenant: ctx.user.tenant ?? null,
@@ -99,42 +142,39 @@ export async function runAction(
     .onConflict((c) => c.columns(['actor', 'request_id']).doNothing())
     .returning('id')
     .executeTakeFirst();
-  if (!claimed) {
-    const first = await owner
-      .selectFrom('console_action')
-      .select(['outcome', 'detail', 'action', 'target'])
-      .where('actor', '=', ctx.user.id)
-      .where('request_id', '=', requestId.data)
-      .executeTakeFirstOrThrow();
-    if (first.action !== name || first.target !== target) {
-      throw new ValidationError(name, [
-        {
-          path: 'request_id',
-          message: 'was used for another action: reload the page',
-          value: requestId.data,
-        },
-      ]);
-    }
-    return {
-      outcome: first.outcome === 'pending' ? 'in_progress' : first.outcome,
-      message: first.outcome === 'pending' ? 'the same request is still running' : (first.detail ?? ''),
-      repeated: true,
-    };
+  if (inserted) return inserted;
+  const first = await owner
+    .selectFrom('console_action')
+    .select([
+      'id',
+      'outcome',
+      'detail',
+      'action',
+      'target',
+      sql<boolean>`at < now() - ${`${ABANDONED_MS} milliseconds`}::interval`.as('abandoned'),
+    ])
+    .where('actor', '=', ctx.user.id)
+    .where('request_id', '=', requestId)
+    .executeTakeFirstOrThrow();
+  if (first.action !== name || first.target !== target) {
+    throw new ValidationError(name, [
+      { path: 'request_id', message: 'was used for another action: reload the page', value: requestId },
+    ]);
   }
-  let result: { outcome: Exclude<Outcome, 'in_progress'>; message: string };
-  try {
-    result = await perform(ctx, name as ActionName, input);
-  } catch (err) {
-    // Not done: release the request id so the same form can be sent again once the cause is fixed.
-    await owner.deleteFrom('console_action').where('id', '=', claimed.id).execute();
-    throw err;
+  if (first.outcome === 'failed' || (first.outcome === 'pending' && first.abandoned)) {
+    const retaken = await owner
+      .updateTable('console_action')
+      .set({ outcome: 'pending', at: sql`now()`, detail: null, finished_at: null })
+      .where('id', '=', first.id)
+      .where('outcome', '=', first.outcome)
+      .returning('id')
+      .executeTakeFirst();
+    if (retaken) return retaken;
   }
-  await owner
-    .updateTable('console_action')
-    .set({ outcome: result.outcome, detail: result.message, finished_at: new Date() })
-    .where('id', '=', claimed.id)
-    .execute();
-  return { ...result, repeated: false };
+  if (first.outcome === 'pending' || first.outcome === 'failed') {
+    return { outcome: 'in_progress', message: 'the same request is still running', repeated: true };
+  }
+  return { outcome: first.outcome, message: first.detail ?? '', repeated: true };
 }
 
 function targetOf(name: ActionName, i: Record<string, string>): string {
@@ -202,7 +242,16 @@ async function perform(
     }
     case 'quarantine.release': {
       await taskVisible(s, i.task_id!);
-      const n = await releaseQuarantine(s.owner, i.task_id!, user.id);
+      // The quarantine row itself must be this operator's to see: one recorded for no tenant
+      // (a task the failover found gone) is not a tenant's to release, whoever wrote a task
+      // under that id since.
+      const q = await s.db
+        .selectFrom('task_quarantine')
+        .select('tenant_id')
+        .where('task_id', '=', i.task_id!)
+        .where('released_at', 'is', null)
+        .executeTakeFirst();
+      const n = q ? await releaseQuarantine(s.owner, i.task_id!, user.id, { tenantId: q.tenant_id }) : 0;
       return n > 0
         ? { outcome: 'done', message: `task ${i.task_id} released from quarantine` }
         : { outcome: 'already', message: `task ${i.task_id} is not quarantined` };
@@ -229,10 +278,12 @@ async function perform(
       };
     }
     case 'outbox.skip': {
+      const whose = s.tenant ?? i.tenant!;
       const row = await s.db
         .selectFrom('outbox')
         .select('message_id')
         .where('message_id', '=', i.message_id!)
+        .where(sql<boolean>`coalesce(tenant_id, '') = ${whose}`)
         .executeTakeFirst();
       if (!row)
         return {
@@ -240,7 +291,12 @@ async function perform(
           message: `message ${i.message_id} is not in the outbox (published or skipped)`,
         };
       try {
-        await skipMessage(s.owner, { messageId: i.message_id!, actor: user.id, reason: i.reason! });
+        await skipMessage(s.owner, {
+          messageId: i.message_id!,
+          tenant: whose,
+          actor: user.id,
+          reason: i.reason!,
+        });
       } catch (err) {
         if (err instanceof NotFoundError)
           return { outcome: 'already', message: `message ${i.message_id} left the outbox meanwhile` };
@@ -249,13 +305,21 @@ async function perform(
       return { outcome: 'done', message: `message ${i.message_id} skipped (dropped, audited)` };
     }
     case 'deadletter.replay': {
+      const whose = s.tenant ?? i.tenant!;
       const dl = await s.db
         .selectFrom('inbox_dlq')
-        .select(['tenant_id', 'replayed_at'])
+        .select(['replayed_at'])
         .where('consumer_group', '=', i.group!)
         .where('message_id', '=', i.message_id!)
+        .where(sql<boolean>`coalesce(tenant_id, '') = ${whose}`)
         .executeTakeFirst();
       if (!dl) throw notVisible(`dead letter of group ${i.group}`, i.message_id!);
+      if (dl.replayed_at) {
+        return {
+          outcome: 'already',
+          message: `dead letter ${i.message_id} was sent back at ${dl.replayed_at.toISOString()}`,
+        };
+      }
       if (!ctx.publisher) {
         return {
           outcome: 'refused',
@@ -263,10 +327,10 @@ async function perform(
         };
       }
       try {
-        await replayDeadLetter(s.owner, ctx.publisher, {
+        await replayDeadLetter(s.owner, ctx.publisher(), {
           messageId: i.message_id!,
           groupId: i.group!,
-          tenantId: dl.tenant_id ?? '',
+          tenantId: whose,
         });
       } catch (err) {
         if (err instanceof CairnError && err.code === 'already_applied')
@@ -277,13 +341,15 @@ async function perform(
     }
     case 'hold.place': {
       const t = await taskVisible(s, i.task_id!);
-      await placeHold(s.owner, {
+      const hold = await placeHold(s.owner, {
         tenantId: t.tenant_id,
         taskId: i.task_id!,
         reason: i.reason!,
         actor: user.id,
       });
-      return { outcome: 'done', message: `legal hold placed on task ${i.task_id}` };
+      return hold.created
+        ? { outcome: 'done', message: `legal hold placed on task ${i.task_id}` }
+        : { outcome: 'already', message: `task ${i.task_id} is already held for this reason` };
     }
     case 'hold.release': {
       const t = await taskVisible(s, i.task_id!);

@@ -42,25 +42,45 @@ const sha256 = (s: string) => createHash('sha256').update(s, 'utf8').digest();
 
 /**
  * Parses the console's users: a JSON array of `{ name, role, tenant?, id?, token | token_sha256 }`.
- * Names must be unique; a user without a tenant sees every tenant.
+ * Names, ids and tokens must be unique; a user without a tenant sees every tenant.
  */
 export function parseUsers(input: unknown, source = 'console users'): ConsoleUser[] {
   const parsed = UserList.safeParse(input);
   if (!parsed.success) throw new ValidationError(source, zodIssues(parsed.error, input));
-  const seen = new Set<string>();
-  return parsed.data.map((u, i) => {
-    if (seen.has(u.name)) {
-      throw new ValidationError(source, [{ path: `${i}.name`, message: 'is given twice', value: u.name }]);
-    }
-    seen.add(u.name);
-    return {
-      name: u.name,
-      role: u.role,
-      ...(u.tenant ? { tenant: u.tenant } : {}),
-      id: u.id ?? `spiffe://cairn.console/operator/${u.name}`,
-      tokenSha256: u.token_sha256 ? Buffer.from(u.token_sha256, 'hex') : sha256(u.token!),
-    };
-  });
+  const users: ConsoleUser[] = parsed.data.map((u) => ({
+    name: u.name,
+    role: u.role,
+    ...(u.tenant ? { tenant: u.tenant } : {}),
+    id: u.id ?? `spiffe://cairn.console/operator/${u.name}`,
+    tokenSha256: u.token_sha256 ? Buffer.from(u.token_sha256, 'hex') : sha256(u.token!),
+  }));
+  // Two users with one name, one audit identity or one token could not be told apart.
+  const unique = (field: string, of: (u: ConsoleUser) => string, shown: (u: ConsoleUser) => unknown) => {
+    const seen = new Set<string>();
+    users.forEach((u, i) => {
+      if (seen.has(of(u)))
+        throw new ValidationError(source, [
+          { path: `${i}.${field}`, message: 'is given twice', value: shown(u) },
+        ]);
+      seen.add(of(u));
+    });
+  };
+  unique(
+    'name',
+    (u) => u.name,
+    (u) => u.name,
+  );
+  unique(
+    'id',
+    (u) => u.id,
+    (u) => u.id,
+  );
+  unique(
+    'token',
+    (u) => u.tokenSha256.toString('hex'),
+    () => '(a token another user has)',
+  );
+  return users;
 }
 
 /** Reads users from a file (`--users F`) or from CAIRN_CONSOLE_USERS (the JSON itself). */

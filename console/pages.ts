@@ -116,7 +116,9 @@ ${d.annotations.length ? html`<h3>Annotations</h3><ul>${d.annotations.map((a) =>
 }
 
 /** A patch as `op path` pairs: the paths say what changed; values may be the tenant's data. */
-function patchText(patch: unknown[]): string {
+function patchText(patch: unknown): string {
+  // A row a tenant wrote by hand may hold anything: show what is not a patch as such, never fail the page.
+  if (!Array.isArray(patch)) return `(not a JSON patch: ${JSON.stringify(patch)?.slice(0, 200)})`;
   return (patch as Array<{ op: string; path: string }>)
     .filter((p) => !['/version', '/updated_at', '/updated_by'].includes(p.path))
     .map((p) => `${p.op} ${p.path}`)
@@ -155,13 +157,13 @@ function parkedRow(v: View, p: ParkedKey): Html {
   return html`<tr data-key="${p.key}"><td>${p.tenant || '(none)'}</td><td>${p.topic}</td><td>${p.key}</td><td>${p.waiting} waiting</td>
 <td>since ${when(p.parked_at)}</td><td>${p.error}</td>
 <td>${action(v, 'parked.release', 'Release', { topic: p.topic, key: p.key, tenant: p.tenant }, { reason: true })}
-${action(v, 'outbox.skip', 'Skip head message', { message_id: p.message_id }, { reason: true })}</td></tr>`;
+${action(v, 'outbox.skip', 'Skip head message', { message_id: p.message_id, tenant: p.tenant }, { reason: true })}</td></tr>`;
 }
 
 function deadLetterRow(v: View, d: DeadLetter): Html {
   return html`<tr data-message="${d.message_id}"><td>${d.consumer_group}</td><td>${d.message_id}</td><td>${d.topic}/${d.partition}@${d.offset}</td>
 <td>${d.attempts} attempts</td><td>dead since ${when(d.dead_at)}</td><td>${d.error}</td>
-<td>${action(v, 'deadletter.replay', 'Replay', { message_id: d.message_id, group: d.consumer_group })}</td></tr>`;
+<td>${action(v, 'deadletter.replay', 'Replay', { message_id: d.message_id, group: d.consumer_group, tenant: d.tenant_id ?? '' })}</td></tr>`;
 }
 
 type Gates = Awaited<ReturnType<typeof gatesPage>>;

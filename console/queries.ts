@@ -228,33 +228,48 @@ export interface LiveNumbers {
   applied_per_s: number;
 }
 
-/** Samples the numbers; `published_per_s` comes from the owner's table statistics and so is only shown to a user bound to no tenant. */
-export function liveSampler() {
-  let last: { at: number; deleted: number } | undefined;
-  return async function sample(s: Scope): Promise<LiveNumbers> {
-    const [backlog, applied] = await Promise.all([
+/**
+ * Samples the numbers, at most once a second per scope however many pages stream them;
+ * `published_per_s` comes from the owner's table statistics, over the time between two
+ * samples, and is only shown to a user bound to no tenant.
+ */
+export function liveSampler(everyMs = 1000) {
+  let last: { at: number; deleted: number; rate: number | null } | undefined;
+  const recent = new Map<string, { at: number; numbers: Promise<LiveNumbers> }>();
+  async function published(owner: Db): Promise<number | null> {
+    const { rows } = await sql<{ deleted: string }>`SELECT n_tup_del::text AS deleted FROM pg_stat_user_tables
+        WHERE relid = 'outbox'::regclass`.execute(owner);
+    const now = Date.now();
+    const deleted = Number(rows[0]?.deleted ?? 0);
+    if (last && now - last.at < everyMs) return last.rate;
+    const rate = last ? Math.max(0, Math.round(((deleted - last.deleted) * 1000) / (now - last.at))) : null;
+    last = { at: now, deleted, rate };
+    return rate;
+  }
+  async function sample(s: Scope): Promise<LiveNumbers> {
+    const [backlog, applied, rate] = await Promise.all([
       sql<{ n: number; oldest: number | null }>`SELECT count(*)::int AS n,
           extract(epoch FROM now() - min(created_at))::float8 AS oldest FROM outbox`.execute(s.db),
       sql<{ n: number }>`SELECT count(*)::int AS n FROM inbox
           WHERE outcome = 'applied' AND applied_at > now() - interval '10 seconds'`.execute(s.db),
+      s.tenant === undefined ? published(s.owner) : Promise.resolve(null),
     ]);
-    let published: number | null = null;
-    if (s.tenant === undefined) {
-      const { rows } = await sql<{
-        deleted: string;
-      }>`SELECT n_tup_del::text AS deleted FROM pg_stat_user_tables
-          WHERE relid = 'outbox'::regclass`.execute(s.owner);
-      const now = { at: Date.now(), deleted: Number(rows[0]?.deleted ?? 0) };
-      if (last && now.at > last.at) published = ((now.deleted - last.deleted) * 1000) / (now.at - last.at);
-      last = now;
-    }
     const b = backlog.rows[0]!;
     return {
       at: new Date().toISOString(),
       backlog: b.n,
       oldest_seconds: b.oldest === null ? null : Number(b.oldest.toFixed(1)),
-      published_per_s: published === null ? null : Math.max(0, Math.round(published)),
+      published_per_s: rate,
       applied_per_s: Math.round(applied.rows[0]!.n / 10),
     };
+  }
+  return (s: Scope): Promise<LiveNumbers> => {
+    const key = s.tenant ?? '';
+    const hit = recent.get(key);
+    if (hit && Date.now() - hit.at < everyMs) return hit.numbers;
+    const numbers = sample(s);
+    recent.set(key, { at: Date.now(), numbers });
+    numbers.catch(() => recent.delete(key));
+    return numbers;
   };
 }

@@ -6,8 +6,10 @@ import { createCheckpointer } from '../src/checkpoints/checkpoints.js';
 import type { KeyRing } from '../src/checkpoints/signing.js';
 import type { TenantKeys } from '../src/crypto/tenantKeys.js';
 import type { Db } from '../src/db/database.js';
+import { isRetriableSqlError } from '../src/db/sqlstate.js';
 import { forTenant, type TenantLogin } from '../src/db/tenant.js';
 import { CairnError, NotFoundError, ValidationError } from '../src/errors.js';
+import { isKafkaConfigurationError, isPoisonError } from '../src/kafka/classifyError.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import type { Logger } from '../src/logger.js';
 import { newRequestId, runAction } from './actions.js';
@@ -31,8 +33,11 @@ export interface ConsoleOptions {
   users: readonly ConsoleUser[];
   /** To check checkpoint signatures and read encrypted snapshots, as `cairn checkpoint verify` does. */
   checkpointKeys?: { keyRing?: KeyRing; keys?: TenantKeys };
-  /** To replay dead letters; without it the replay action is refused, saying why. */
-  publisher?: Publisher;
+  /**
+   * Makes the publisher each dead-letter replay sends with (it is connected and closed by that
+   * replay, so concurrent replays never share one); without it replay is refused, saying why.
+   */
+  publisher?: () => Publisher;
   /** How tenant-bound users' connections log in (see forTenant). */
   tenantLogin?: TenantLogin;
   /** How often the live numbers are pushed (default 2 s). */
@@ -105,9 +110,22 @@ export function createConsoleApp(o: ConsoleOptions): ConsoleApp {
   app.onError((err, c) => {
     const user = c.get('user');
     const v = user ? view(c) : undefined;
-    if (err instanceof ValidationError) return c.html(errorPage(v, 400, err.message), 400);
+    // Bad input is the request's fault; a stored row that fails validation on a page is not.
+    if (err instanceof ValidationError && c.req.method === 'POST')
+      return c.html(errorPage(v, 400, err.message), 400);
     if (err instanceof NotFoundError) return c.html(errorPage(v, 404, err.message), 404);
-    if (err instanceof CairnError && err.retriable) return c.html(errorPage(v, 503, err.message), 503);
+    const outage = outageOf(err);
+    if (outage) {
+      o.logger?.warn({ err, path: c.req.path }, `console: ${outage}`);
+      return c.html(
+        errorPage(v, 503, `${outage}: nothing was changed that is not shown; try again when it is back.`),
+        503,
+      );
+    }
+    if (err instanceof ValidationError) {
+      o.logger?.error({ err, path: c.req.path }, 'console: stored data failed validation');
+      return c.html(errorPage(v, 500, `Stored data failed validation: ${err.message}`), 500);
+    }
     o.logger?.error({ err, path: c.req.path }, 'console request failed');
     return c.html(errorPage(v, 500, 'The request failed; the console log says why.'), 500);
   });
@@ -174,25 +192,43 @@ export function createConsoleApp(o: ConsoleOptions): ConsoleApp {
       { actor: user.id, action: name, outcome: result.outcome, repeated: result.repeated },
       'console action',
     );
-    const back = sameSiteBack(c.req.header('referer'));
+    const back = sameSiteBack(c.req.header('referer'), c.req.url);
     return c.html(resultPage(v, name, result, back), result.outcome === 'refused' ? 409 : 200);
   });
 
   return {
     fetch: (request) => app.fetch(request),
     async close() {
-      await Promise.all([...tenantDbs.values()].map((db) => db.destroy()));
+      // The tenant views are forTenant's, shared with the rest of the process and closed with
+      // `db`: nothing of theirs to close here.
       tenantDbs.clear();
     },
   };
 }
 
-/** Where "back" leads after an action: the page it came from, if it was one of ours. */
-function sameSiteBack(referer: string | undefined): string {
+/** What is down, when an error is an outage (Postgres or the broker not answering) rather than a fault. */
+function outageOf(err: unknown): string | undefined {
+  if (isRetriableSqlError(err)) return 'Postgres is unavailable';
+  if (err instanceof CairnError) return err.retriable ? err.message : undefined;
+  const name = (err as { name?: unknown } | null)?.name;
+  if (
+    typeof name === 'string' &&
+    name.startsWith('KafkaJS') &&
+    !isPoisonError(err) &&
+    !isKafkaConfigurationError(err)
+  ) {
+    return 'Kafka is unavailable';
+  }
+  return undefined;
+}
+
+/** Where "back" leads after an action: the page it came from, if it was one of ours (same origin, a plain path). */
+function sameSiteBack(referer: string | undefined, requestUrl: string): string {
   if (!referer) return '/tasks';
   try {
     const u = new URL(referer);
-    return u.pathname.startsWith('/') && !u.pathname.startsWith('//') ? `${u.pathname}${u.search}` : '/tasks';
+    if (u.origin !== new URL(requestUrl).origin) return '/tasks';
+    return /^\/(?![/\\])[^\\]*$/.test(u.pathname) ? `${u.pathname}${u.search}` : '/tasks';
   } catch {
     return '/tasks';
   }

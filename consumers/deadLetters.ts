@@ -31,6 +31,8 @@ const ReplayInput = z.strictObject({
  */
 export interface DeadLetter {
   consumer_group: string;
+  /** The tenant whose message it is (null: none); message ids are unique per tenant. */
+  tenant_id: string | null;
   message_id: string;
   topic: string;
   partition: number;
@@ -49,6 +51,7 @@ export async function listDeadLetters(db: Db, groupId?: string): Promise<DeadLet
     .selectFrom('inbox_dlq')
     .select([
       'consumer_group',
+      'tenant_id',
       'message_id',
       'topic',
       'partition',
@@ -65,10 +68,12 @@ export async function listDeadLetters(db: Db, groupId?: string): Promise<DeadLet
 
 /**
  * Sends a dead letter back to its original topic with its original headers (same message
- * id). The group's dead-lettered inbox row is removed first, so the consumer applies it as
- * new. Safe to run again: while the replayed copy is unconsumed it is simply sent again (the
- * inbox drops the second copy); once the group applied it, the replay is refused and nothing
- * is sent — an applied message never becomes un-applied.
+ * id). The group's dead-lettered inbox row is removed, so the consumer applies it as new. Safe
+ * to run again: while the replayed copy is unconsumed it is simply sent again (the inbox drops
+ * the second copy); once the group applied it, the replay is refused and nothing is sent — an
+ * applied message never becomes un-applied. The message is sent before the transaction that
+ * marks the letter replayed commits (a consumer that gets it first waits on that transaction's
+ * lock on the inbox row), so a broker that is down leaves the letter as it was, not replayed.
  */
 export async function replayDeadLetter(
   db: Db,
@@ -76,7 +81,21 @@ export async function replayDeadLetter(
   input: { messageId: string; groupId: string; tenantId?: string },
 ): Promise<DeadLetter> {
   const a = parseOptions('dead letter replay', ReplayInput, input);
-  const row = await db.transaction().execute(async (trx) => {
+  // Connected before any row is locked: a broker that does not answer holds no lock.
+  await publisher.connect();
+  try {
+    return await replayLocked(db, publisher, a);
+  } finally {
+    await publisher.disconnect();
+  }
+}
+
+async function replayLocked(
+  db: Db,
+  publisher: Publisher,
+  a: { messageId: string; groupId: string; tenantId?: string | undefined },
+): Promise<DeadLetter> {
+  return db.transaction().execute(async (trx) => {
     let q = trx
       .selectFrom('inbox_dlq')
       .selectAll()
@@ -118,25 +137,19 @@ export async function replayDeadLetter(
       .where('outcome', '=', 'dead_lettered')
       .execute();
     await trx.updateTable('inbox_dlq').set({ replayed_at: new Date() }).where('id', '=', dl.id).execute();
-    return dl;
-  });
-  await publisher.connect();
-  try {
     await publisher.publish([
       {
-        topic: row.topic,
-        key: row.key ?? row.message_id,
-        value: row.payload ?? Buffer.alloc(0),
+        topic: dl.topic,
+        key: dl.key ?? dl.message_id,
+        value: dl.payload ?? Buffer.alloc(0),
         // Cairn's own headers as the row's columns say, whatever the stored copy holds.
         headers: {
-          ...row.headers,
-          [HEADER.messageId]: row.message_id,
-          ...(row.tenant_id ? { [HEADER.tenant]: row.tenant_id } : {}),
+          ...dl.headers,
+          [HEADER.messageId]: dl.message_id,
+          ...(dl.tenant_id ? { [HEADER.tenant]: dl.tenant_id } : {}),
         },
       },
     ]);
-  } finally {
-    await publisher.disconnect();
-  }
-  return row;
+    return dl;
+  });
 }

@@ -259,7 +259,7 @@ export interface ConsoleActionTable {
   scope_tenant: string | null;
   action: string;
   target: string;
-  outcome: Generated<'pending' | 'done' | 'already' | 'refused'>;
+  outcome: Generated<'pending' | 'done' | 'already' | 'refused' | 'failed'>;
   detail: string | null;
   at: Generated<Date>;
   finished_at: Date | null;

@@ -34,7 +34,12 @@ const ReleaseInput = z.strictObject({
   actor: SpiffeId,
   reason: OperatorReason,
 });
-const SkipInput = z.strictObject({ messageId: OutboxMessageId, actor: SpiffeId, reason: OperatorReason });
+const SkipInput = z.strictObject({
+  messageId: OutboxMessageId,
+  tenant: z.string().max(63).optional(),
+  actor: SpiffeId,
+  reason: OperatorReason,
+});
 
 /** Keys held back because their head message was refused, with how many messages wait behind it. */
 export async function listParked(db: Db): Promise<ParkedKey[]> {
@@ -106,20 +111,37 @@ export async function releaseKey(
 
 /**
  * Drops one message from the outbox without publishing it; if it was the head of a parked
- * key, the key flows again. The message's headers and size go into the audit.
+ * key, the key flows again. The message's headers and size go into the audit. Message ids are
+ * unique per tenant: when two tenants have a message with this id, `tenant` ('' for none)
+ * says whose, and only that one is dropped.
  */
 export async function skipMessage(
   db: Db,
-  input: { messageId: string; actor: string; reason: string },
+  input: { messageId: string; tenant?: string; actor: string; reason: string },
 ): Promise<void> {
   const a = parseOptions('outbox skip', SkipInput, input);
   await db.transaction().execute(async (t) => {
+    let q = t
+      .selectFrom('outbox')
+      .select(['id', 'tenant_id'])
+      .where('message_id', '=', a.messageId)
+      .forUpdate();
+    if (a.tenant !== undefined) q = q.where(sql<boolean>`coalesce(tenant_id, '') = ${a.tenant}`);
+    const found = await q.execute();
+    if (found.length === 0) throw new NotFoundError('outbox message', a.messageId);
+    if (found.length > 1) {
+      throw new ValidationError('skip', [
+        {
+          path: 'tenant',
+          message: `message ${a.messageId} is in the outbox of tenants ${found.map((f) => f.tenant_id ?? '(none)').join(', ')}: name one`,
+        },
+      ]);
+    }
     const row = await t
       .deleteFrom('outbox')
-      .where('message_id', '=', a.messageId)
+      .where('id', '=', found[0]!.id)
       .returning(['tenant_id', 'topic', 'key', 'headers', 'payload', 'last_error'])
-      .executeTakeFirst();
-    if (!row) throw new NotFoundError('outbox message', a.messageId);
+      .executeTakeFirstOrThrow();
     await t
       .deleteFrom('outbox_parked_key')
       .where('message_id', '=', a.messageId)

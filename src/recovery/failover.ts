@@ -329,14 +329,24 @@ export async function quarantine(
 
 /**
  * Releases a task's quarantine (recording who did it); returns how many holds were released
- * (0 or 1).
+ * (0 or 1). `tenantId` releases only a quarantine recorded for that tenant (null: one
+ * recorded for no tenant, as for a task the failover found gone), so an operator acting for a
+ * tenant cannot release another's.
  */
-export async function releaseQuarantine(db: Db, taskId: string, actor: string): Promise<number> {
-  const r = await db
+export async function releaseQuarantine(
+  db: Db,
+  taskId: string,
+  actor: string,
+  opts: { tenantId?: string | null } = {},
+): Promise<number> {
+  let q = db
     .updateTable('task_quarantine')
     .set({ released_at: new Date(), released_by: actor })
     .where('task_id', '=', taskId)
-    .where('released_at', 'is', null)
-    .executeTakeFirst();
+    .where('released_at', 'is', null);
+  if (opts.tenantId !== undefined) {
+    q = opts.tenantId === null ? q.where('tenant_id', 'is', null) : q.where('tenant_id', '=', opts.tenantId);
+  }
+  const r = await q.executeTakeFirst();
   return Number(r.numUpdatedRows);
 }

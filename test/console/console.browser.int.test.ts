@@ -90,7 +90,7 @@ describe.skipIf(!haveChromium)('cairn console in a browser', () => {
       port: 0,
       liveEveryMs: 500,
       checkpointKeys: { keyRing: { current: kid, keys: { [kid]: Buffer.from(secret) } } },
-      publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+      publisher: () => createKafkaPublisher({ brokers: kafkaBrokers() }),
     });
     browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox', '--disable-gpu'] });
   });
