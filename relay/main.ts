@@ -26,7 +26,19 @@ function killAfter(batch: number) {
   };
 }
 
-export async function runRelayProcess(): Promise<number> {
+let running: Promise<number> | undefined;
+
+/**
+ * Runs the relay process until SIGTERM; resolves with its exit code. Once per process: a
+ * second call (a wrapper that imports this module, which a bundler may also run as the entry
+ * point) gets the same run instead of a second relay under the same instance id.
+ */
+export function runRelayProcess(): Promise<number> {
+  running ??= relayProcess();
+  return running;
+}
+
+async function relayProcess(): Promise<number> {
   const logger = createLogger({ name: 'cairn-relay' });
   const metricsAddress = metricsAddressFromEnv();
   const db = createDb({ connectionString: databaseUrlFromEnv(), max: 4, applicationName: 'cairn-relay' });

@@ -7,16 +7,20 @@
  * them, injects duplicate deliveries, and at the end checks the outcome from the database
  * and the deploy sink. The last line is a JSON summary; the exit code is 1 on any violation.
  */
+import { join } from 'node:path';
+import { trace } from '@opentelemetry/api';
 import { sql } from 'kysely';
 import { z } from 'zod';
 import { databaseFlag, numberFlag, parseScriptArgs } from '../cli/parseScriptArgs.js';
 import { localBrokerStillRunning } from '../cli/stack/kafka.js';
+import { stackDir } from '../cli/stack/paths.js';
 import { resolveStack } from '../cli/stack/resolve.js';
 import { createDb } from '../src/db/database.js';
 import { migrateToLatest } from '../src/db/migrate.js';
 import { kafkaClient } from '../src/kafka/publisher.js';
 import { createTaskStore } from '../src/state/taskStore.js';
-import { createDemoTask } from './demo/tasks.js';
+import { createDemoTask, demoTaskId } from './demo/tasks.js';
+import { readSpans, startDemoTracing } from './demo/tracing.js';
 import { verdict, verifyDemo } from './demo/verify.js';
 import { ROLES, type Role, topicOf } from './demo/workflow.js';
 import { startSink } from './lib/effectSink.js';
@@ -88,7 +92,11 @@ await admin.createTopics({
 await admin.disconnect();
 
 // --- processes ---------------------------------------------------------------------------
+// Every process writes its spans here: one task's trace can be followed through all of them.
+const traces = join(stackDir, 'demo-traces', run);
+const tracing = startDemoTracing(traces, 'orchestrator');
 const env = {
+  DEMO_TRACES: traces,
   DATABASE_URL: databaseUrl,
   KAFKA_BROKERS: stack.kafkaBrokers,
   DEMO_RUN: run,
@@ -100,7 +108,7 @@ const env = {
 const fleet = createFleet(
   ['relay', ...(Object.keys(ROLES) as Role[])].map((name) => ({
     name,
-    entry: name === 'relay' ? 'relay/main.ts' : 'scripts/demo/agent.ts',
+    entry: name === 'relay' ? 'scripts/demo/relayProcess.ts' : 'scripts/demo/agent.ts',
     env: { ...env, DEMO_ROLE: name },
   })),
 );
@@ -108,7 +116,16 @@ fleet.startAll();
 
 // --- tasks -------------------------------------------------------------------------------
 const store = createTaskStore({ db });
-for (let i = 0; i < TASKS; i++) await createDemoTask(db, store, run, i);
+// Each task starts in a span of its own: its first message carries the trace to the planner.
+const tracer = trace.getTracer('cairn-demo');
+const traceOf = new Map<string, string>();
+for (let i = 0; i < TASKS; i++) {
+  await tracer.startActiveSpan(`demo.start ${demoTaskId(i)}`, async (span) => {
+    traceOf.set(demoTaskId(i), span.spanContext().traceId);
+    await createDemoTask(db, store, run, i);
+    span.end();
+  });
+}
 
 // --- chaos -------------------------------------------------------------------------------
 let crashes = 0;
@@ -216,7 +233,17 @@ const dups = await sql<{
   n: number;
 }>`SELECT coalesce(sum(n), 0)::int AS n FROM demo_event WHERE kind = 'duplicate_dropped'`.execute(db);
 const violations = checks.reduce((n, c) => n + c.violations, 0);
+await tracing.shutdown();
+const firstTask = demoTaskId(0);
+const traceId = traceOf.get(firstTask)!;
+// The task's own trace, and the relay's batch spans that link to it (a batch carries many tasks' messages).
+const spans = readSpans(traces).filter((sp) => sp.traceId === traceId || sp.links.includes(traceId));
+const processes = [...new Set(spans.map((sp) => sp.process))].sort();
 console.log('');
+console.log(
+  `trace of ${firstTask}: ${traceId} (${spans.length} spans in ${processes.length} processes: ${processes.join(', ')}); ` +
+    `look it up: grep ${traceId} ${traces}/*.jsonl`,
+);
 console.log(`${'check'.padEnd(42)} ${'expected'.padEnd(16)} ${'actual'.padEnd(22)} result`);
 for (const c of checks) {
   console.log(`${c.name.padEnd(42)} ${c.expected.padEnd(16)} ${c.actual.padEnd(22)} ${verdict(c)}`);
@@ -236,6 +263,7 @@ const summary = {
   seconds: Math.round((Date.now() - startedAt) / 1000),
   chaos: CHAOS,
   seed: args.seed,
+  trace: { task: firstTask, trace_id: traceId, spans: spans.length, processes },
 };
 await sink.close();
 await db.destroy();

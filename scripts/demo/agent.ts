@@ -23,6 +23,7 @@ import type { TaskPatch } from '../../src/schemas/taskPatch.js';
 import type { TaskStatus } from '../../src/schemas/taskState.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { connectionsFromEnv, countConsumerRestarts, runUntilSigterm } from './consumerProcess.js';
+import { startDemoTracing } from './tracing.js';
 import { ROLES, type Role, topicOf } from './workflow.js';
 
 const run = process.env.DEMO_RUN!;
@@ -37,6 +38,9 @@ const eventsTopic = process.env.DEMO_EVENTS_TOPIC;
 const spec = ROLES[role];
 const actor = `spiffe://demo.cairn.local/agents/${role}`;
 const logger = createLogger({ name: `demo-${role}`, level: 'warn' });
+
+// The demo's tracing (DEMO_TRACES): the handler's spans continue the trace each message carries.
+if (process.env.DEMO_TRACES) startDemoTracing(process.env.DEMO_TRACES, role);
 
 const db = createDb({
   connectionString: databaseUrl,

@@ -49,6 +49,17 @@ describe('the demo', () => {
       chaos: 'low',
     });
     expect(summary.crashes_injected).toBeGreaterThan(0);
+    // One task followed across every process by its trace id (OpenTelemetry, the demo's file exporter).
+    expect(summary.trace.processes).toEqual([
+      'coder',
+      'orchestrator',
+      'planner',
+      'relay',
+      'reviewer',
+      'tester',
+    ]);
+    expect(summary.trace.spans).toBeGreaterThanOrEqual(9);
+    expect(stdout).toContain(`trace of demo-0000: ${summary.trace.trace_id}`);
     expect(stdout).toMatch(/deploys executed exactly once \(sink\) +10 +10 \(0 tasks wrong\) +ok/);
     // It used the local stack's broker (already running, from this test run): it says so, and how to stop it.
     if (inject('kafkaLocal')) {
