@@ -179,6 +179,8 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   async function processBatch(): Promise<number> {
     const rows = await nextRows();
     if (rows.length === 0) {
+      // Nothing (left) to publish: nothing waits for the broker either.
+      if (stats.waitingFor === 'kafka') stats.waitingFor = null;
       await finishDelete();
       return 0;
     }
@@ -195,7 +197,11 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     let sentIds: number[];
     let failure: unknown;
     try {
-      if (ready.length > 0) await timed('publish', publishWithRetry(publishing, ready));
+      if (ready.length > 0) {
+        await timed('publish', publishWithRetry(publishing, ready));
+        // The broker acknowledges again: no longer waiting for it (see the loop's catch).
+        if (stats.waitingFor === 'kafka') stats.waitingFor = null;
+      }
       sentIds = ready.map((b) => b.row.id);
     } catch (err) {
       prefetch = undefined;
@@ -324,6 +330,9 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
           log.error({ err: (err as Error).message }, 'relay iteration failed; retrying');
           await sleep(Math.min(1000, maxIdleMs * 2));
           if (err instanceof PublishFailed) {
+            // Rows are held until the broker acknowledges them: say so where an operator looks
+            // (/readyz answers 503, cairn_relay_waiting_for 1) until a batch goes through.
+            stats.waitingFor = 'kafka';
             // A kafkajs producer can stay stuck after a broker restart (kafkajs issues 1167,
             // 1513): start a fresh one (a new producer id) before the batch is tried again.
             await options.publisher.disconnect().catch(() => {});

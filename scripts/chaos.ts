@@ -1,5 +1,5 @@
 /**
- * `npm run chaos -- --minutes 10 --seed 7 [--rate 1] [--work-ms 200] [--settle 180] [--broker-every 60]`
+ * `npm run chaos -- --minutes 10 --seed 7 [--rate 1] [--work-ms 200] [--settle 180] [--broker-every 60] [--brokers 3]`
  *
  * The chaos soak: two relays, two of every agent and two observer consumer groups run the
  * demo workflow while new tasks arrive; at random (from the seed) it SIGKILLs agents, relays
@@ -33,6 +33,8 @@ flags:
   --settle S            seconds, after the faults stop, for every task to settle (180)
   --fault-every-ms M    one fault every M ms (1500)
   --broker-every S      at most one broker restart every S seconds (60)
+  --brokers N           N > 1: a local KRaft cluster of N nodes (replication 3, min ISR 2);
+                        the broker fault then SIGKILLs one node and starts it again (1)
   --database NAME       the scratch database, dropped and created again (cairn_chaos)
   --help                this text`,
   options: {
@@ -43,6 +45,7 @@ flags:
     settle: { type: 'string', default: '180' },
     'fault-every-ms': { type: 'string', default: '1500' },
     'broker-every': { type: 'string', default: '60' },
+    brokers: { type: 'string', default: '1' },
     database: { type: 'string', default: 'cairn_chaos' },
   },
   schema: z.strictObject({
@@ -53,11 +56,15 @@ flags:
     settle: numberFlag({ atLeast: 1 }),
     'fault-every-ms': numberFlag({ atLeast: 100 }),
     'broker-every': numberFlag({ atLeast: 1 }),
+    brokers: numberFlag({ atLeast: 1 }, { integer: true }),
     database: databaseFlag,
   }),
 });
 const log = (line: string) => process.stderr.write(`${line}\n`);
+// --brokers 3: the local stack's three-node cluster; a broker fault SIGKILLs one node.
+if (args.brokers > 1) process.env.CAIRN_KAFKA_BROKERS_LOCAL = String(args.brokers);
 const stack = await resolveStack((l) => log(`[stack] ${l}`));
+const clusterSize = stack.source.kafka.startsWith('local KRaft cluster') ? args.brokers : undefined;
 const r = await runSoak({
   minutes: args.minutes,
   seed: args.seed,
@@ -70,6 +77,7 @@ const r = await runSoak({
   database: args.database,
   kafkaBrokers: stack.kafkaBrokers,
   canRestartBroker: stack.source.kafka.startsWith('local'),
+  ...(clusterSize ? { clusterSize } : {}),
   log,
 });
 await stack.stop();
@@ -104,6 +112,7 @@ console.log(
     seconds: r.seconds,
     seed: args.seed,
     minutes: args.minutes,
+    brokers: args.brokers,
   }),
 );
 // A check that could not run proves nothing: the soak passes only when every check ran and held.

@@ -30,6 +30,8 @@ export interface SoakOptions {
   database: string;
   kafkaBrokers: string;
   canRestartBroker: boolean;
+  /** The local cluster's size (npm run chaos -- --brokers 3): a broker fault SIGKILLs one node. */
+  clusterSize?: number;
   /**
    * TTL of the relays' lanes and the testers' deploy leases. Default CAIRN_CHAOS_LEASE_TTL_MS,
    * else 5000: on two busy cores a 2 s lease lapsed under live, merely slow holders (lanes lost
@@ -196,6 +198,7 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     ownSession: 'cairn-chaos-orchestrator',
     pick,
     canRestartBroker: o.canRestartBroker,
+    ...(o.clusterSize ? { clusterSize: o.clusterSize } : {}),
   });
   const counts = Object.fromEntries(WEIGHTS.map(([k]) => [k, 0])) as Record<FaultKind, number>;
   const injected = { duplicates: 0, sessionsTerminated: 0, staleRefused: 0 };

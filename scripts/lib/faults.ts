@@ -1,5 +1,6 @@
 import { type Kafka, Partitioners, type Producer } from 'kafkajs';
 import { sql } from 'kysely';
+import { clusterNodes, killNode, startNode, waitClusterReady } from '../../cli/stack/cluster.js';
 import { startLocalKafka, stopLocalKafka } from '../../cli/stack/kafka.js';
 import type { Db } from '../../src/db/database.js';
 import { type Child, sigkill, sigterm, spawnTs } from './spawnTs.js';
@@ -107,6 +108,8 @@ export function createFaults(o: {
   ownSession: string;
   pick: <T>(xs: readonly T[]) => T;
   canRestartBroker: boolean;
+  /** The local cluster's size when the broker is one (stack up --brokers N): a restart SIGKILLs one node. */
+  clusterSize?: number;
 }) {
   let producer: Producer | undefined;
   return {
@@ -169,6 +172,17 @@ export function createFaults(o: {
      */
     async restartBroker(downMs = 2000): Promise<number> {
       if (!o.canRestartBroker) return 0;
+      if ((o.clusterSize ?? 1) > 1) {
+        // A broker lost without a controlled shutdown: one node of the cluster SIGKILLed,
+        // started again after `downMs` (its partitions move to the others meanwhile).
+        const nodes = clusterNodes(o.clusterSize!);
+        const victim = o.pick(nodes);
+        await killNode(victim);
+        await new Promise((r) => setTimeout(r, downMs));
+        startNode(victim);
+        await waitClusterReady(nodes, () => {});
+        return 1;
+      }
       await stopLocalKafka();
       await new Promise((r) => setTimeout(r, downMs));
       for (let attempt = 1; ; attempt++) {

@@ -277,6 +277,12 @@ describe.skipIf(!local)('a three-broker cluster losing brokers under the relay a
     const waiting = await outboxLeft();
     expect(waiting, 'rows still in the outbox while the cluster cannot acknowledge').toBeGreaterThan(0);
     expect(relay!.stats().parked, 'no key parked for a broker loss').toBe(0);
+    // What an operator sees meanwhile: the relay says it waits for Kafka (/readyz 503, cairn_relay_waiting_for 1).
+    await waitFor(
+      'the relay to say it waits for Kafka',
+      async () => relay!.stats().waitingFor === 'kafka',
+      60_000,
+    );
     expect(await sql`SELECT 1 FROM outbox_parked_key`.execute(tdb.db).then((r) => r.rows)).toEqual([]);
     log(
       `${waiting} rows waited for ${((Date.now() - during) / 1000).toFixed(0)} s; restarting nodes ${a.id} and ${b.id}`,
@@ -288,6 +294,11 @@ describe.skipIf(!local)('a three-broker cluster losing brokers under the relay a
       'the outbox to drain once the brokers are back',
       async () => (await outboxLeft()) === 0,
       240_000,
+    );
+    await waitFor(
+      'the relay to stop waiting for Kafka',
+      async () => relay!.stats().waitingFor === null,
+      60_000,
     );
     await waitFor(
       'the consumer to apply every message',
