@@ -8,6 +8,7 @@
 import { execFileSync, spawn } from 'node:child_process';
 import { closeSync, existsSync, openSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { Kafka, logLevel } from 'kafkajs';
 import {
   fetchJars,
   isAlive,
@@ -146,7 +147,9 @@ export async function waitClusterReady(nodes: ClusterNode[], log: (line: string)
       );
     }
     const answers = await Promise.all(nodes.map((n) => kafkaAnswers(n.address, 2000)));
-    if (answers.every(Boolean)) {
+    // Each node answering is not enough: until the controller has registered (unfenced) every
+    // broker, creating a topic with replication 3 fails with INVALID_REPLICATION_FACTOR.
+    if (answers.every(Boolean) && (await registeredBrokers(nodes)) >= nodes.length) {
       log(`Kafka cluster of ${nodes.length} ready after ${((Date.now() - started) / 1000).toFixed(1)} s`);
       return;
     }
@@ -155,6 +158,26 @@ export async function waitClusterReady(nodes: ClusterNode[], log: (line: string)
       throw new Error(`Kafka nodes ${down.join(', ')} did not answer within ${READY_DEADLINE_MS / 1000} s`);
     }
     await new Promise((r) => setTimeout(r, 500));
+  }
+}
+
+/** How many brokers the cluster's metadata lists (0 when no node answers). */
+async function registeredBrokers(nodes: ClusterNode[]): Promise<number> {
+  const admin = new Kafka({
+    clientId: 'cairn-stack-probe',
+    brokers: nodes.map((n) => n.address),
+    logLevel: logLevel.NOTHING,
+    connectionTimeout: 2000,
+    requestTimeout: 2000,
+    retry: { retries: 0 },
+  }).admin();
+  try {
+    await admin.connect();
+    return (await admin.describeCluster()).brokers.length;
+  } catch {
+    return 0;
+  } finally {
+    await admin.disconnect().catch(() => {});
   }
 }
 

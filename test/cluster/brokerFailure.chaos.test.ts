@@ -47,16 +47,35 @@ const log = (line: string) => console.log(`[broker failure] ${line}`);
 
 async function createTopic(label: string): Promise<string> {
   const topic = uniqueTopic(label);
-  await admin.createTopics({
-    topics: [
-      {
-        topic,
-        numPartitions: 3,
-        replicationFactor: 3,
-        configEntries: [{ name: 'min.insync.replicas', value: '2' }],
-      },
-    ],
-  });
+  // A node restarted by the previous test may not be registered again yet: until it is, a
+  // replication factor of 3 is refused (INVALID_REPLICATION_FACTOR), so ask again.
+  await waitFor(
+    `the cluster to create ${topic} with 3 replicas`,
+    async () =>
+      admin
+        .createTopics({
+          topics: [
+            {
+              topic,
+              numPartitions: 3,
+              replicationFactor: 3,
+              configEntries: [{ name: 'min.insync.replicas', value: '2' }],
+            },
+          ],
+          // Waited for below, broker by broker: kafkajs's own wait gives up on the first
+          // "does not host this topic-partition" from a broker that has not heard of it yet.
+          waitForLeaders: false,
+        })
+        .then(
+          () => true,
+          (err: { type?: string }) => {
+            if (err.type === 'TOPIC_ALREADY_EXISTS') return true;
+            log(`creating ${topic}: ${String(err)}; trying again`);
+            return false;
+          },
+        ),
+    60_000,
+  );
   // Each broker learns of a new topic from the controller on its own time: until every one lists
   // it with a leader per partition, a client that asks the wrong broker is told it does not exist.
   await waitFor(
