@@ -5,18 +5,18 @@
  * CAIRN_KAFKA_CLUSTER_PORT (default 19192) + 2 × (id − 1) for clients and the next one for the
  * controller. Topics created without a replication factor get 3 (`min.insync.replicas=2`).
  */
-import { execFileSync, spawn } from 'node:child_process';
-import { closeSync, existsSync, openSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Kafka, logLevel } from 'kafkajs';
 import {
   fetchJars,
+  formatNode,
   isAlive,
-  java,
   KAFKA_VERSION,
   kafkaAnswers,
   newClusterId,
   nodeProperties,
+  spawnBroker,
   writeLog4j,
 } from './kafka.js';
 import { ensureDir, kafkaPaths, stackDir } from './paths.js';
@@ -87,23 +87,7 @@ function prepare(nodes: ClusterNode[]): void {
         brokers: nodes.length,
       }),
     );
-    execFileSync(
-      'java',
-      java(
-        [
-          'kafka.tools.StorageTool',
-          'format',
-          `--cluster-id=${clusterId}`,
-          '-c',
-          n.config,
-          '--ignore-formatted',
-        ],
-        {
-          log4j: true,
-        },
-      ),
-      { stdio: ['ignore', 'pipe', 'pipe'] },
-    );
+    formatNode(n.config, clusterId);
   }
 }
 
@@ -111,17 +95,7 @@ function prepare(nodes: ClusterNode[]): void {
 export function startNode(node: ClusterNode): number {
   const running = nodePid(node);
   if (running) return running;
-  if (existsSync(node.log)) renameSync(node.log, `${node.log}.1`);
-  const out = openSync(node.log, 'a');
-  const child = spawn('java', java(['kafka.Kafka', node.config], { log4j: true }), {
-    detached: true,
-    stdio: ['ignore', out, out],
-  });
-  closeSync(out);
-  if (!child.pid) throw new Error('could not spawn java: is a JDK 17+ on PATH?');
-  writeFileSync(node.pidFile, String(child.pid));
-  child.unref();
-  return child.pid;
+  return spawnBroker(node.config, node.log, node.pidFile).pid;
 }
 
 /** Kills one node (SIGKILL by default: a broker lost without a controlled shutdown). */

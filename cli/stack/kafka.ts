@@ -224,24 +224,45 @@ export function newClusterId(): string {
   }
 }
 
-function formatStorage(): void {
-  if (!existsSync(kafkaPaths.clusterId)) writeFileSync(kafkaPaths.clusterId, newClusterId());
-  const clusterId = readFileSync(kafkaPaths.clusterId, 'utf8').trim();
+/** Formats a node's storage for `clusterId` (a no-op when it is already formatted). */
+export function formatNode(config: string, clusterId: string): void {
   execFileSync(
     'java',
     java(
-      [
-        'kafka.tools.StorageTool',
-        'format',
-        `--cluster-id=${clusterId}`,
-        '-c',
-        kafkaPaths.config,
-        '--ignore-formatted',
-      ],
-      { log4j: true },
+      ['kafka.tools.StorageTool', 'format', `--cluster-id=${clusterId}`, '-c', config, '--ignore-formatted'],
+      {
+        log4j: true,
+      },
     ),
     { stdio: ['ignore', 'pipe', 'pipe'] },
   );
+}
+
+function formatStorage(): void {
+  if (!existsSync(kafkaPaths.clusterId)) writeFileSync(kafkaPaths.clusterId, newClusterId());
+  formatNode(kafkaPaths.config, readFileSync(kafkaPaths.clusterId, 'utf8').trim());
+}
+
+/**
+ * Starts a broker JVM for `config`, detached, its output in `logFile` (the previous one kept
+ * as `<log>.1`, so the tail shows this start) and its pid in `pidFile`; returns the child.
+ */
+export function spawnBroker(
+  config: string,
+  logFile: string,
+  pidFile: string,
+): ChildProcess & { pid: number } {
+  if (existsSync(logFile)) renameSync(logFile, `${logFile}.1`);
+  const out = openSync(logFile, 'a');
+  const child = spawn('java', java(['kafka.Kafka', config], { log4j: true }), {
+    detached: true,
+    stdio: ['ignore', out, out],
+  });
+  closeSync(out);
+  if (!child.pid) throw new Error('could not spawn java: is a JDK 17+ on PATH?');
+  writeFileSync(pidFile, String(child.pid));
+  child.unref();
+  return child as ChildProcess & { pid: number };
 }
 
 /**
@@ -284,17 +305,7 @@ export async function startLocalKafka(log: (line: string) => void): Promise<{ st
   fetchJars(log);
   writeConfig();
   formatStorage();
-  // One log per start (the previous one kept as broker.log.1), so the tail shows this start.
-  if (existsSync(kafkaPaths.log)) renameSync(kafkaPaths.log, `${kafkaPaths.log}.1`);
-  const out = openSync(kafkaPaths.log, 'a');
-  const child = spawn('java', java(['kafka.Kafka', kafkaPaths.config], { log4j: true }), {
-    detached: true,
-    stdio: ['ignore', out, out],
-  });
-  closeSync(out);
-  if (!child.pid) throw new Error('could not spawn java: is a JDK 17+ on PATH?');
-  writeFileSync(kafkaPaths.pid, String(child.pid));
-  child.unref();
+  const child = spawnBroker(kafkaPaths.config, kafkaPaths.log, kafkaPaths.pid);
   log(`starting Kafka ${KAFKA_VERSION} (pid ${child.pid}) on ${localBrokers}, log: ${kafkaPaths.log}`);
   await waitReady(child, log);
   return { started: true };

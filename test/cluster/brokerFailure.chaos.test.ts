@@ -219,6 +219,17 @@ describe.skipIf(!local)('a three-broker cluster losing brokers under the relay a
     await relayDone;
     relay = undefined;
   }
+  /** Waits until the consumer applied `n` distinct messages; fails at once if it gave up. */
+  async function waitApplied(n: number, deadlineMs: number) {
+    const applied = async () =>
+      (await sql<{ n: number }>`SELECT count(DISTINCT message_id)::int AS n FROM applied`.execute(tdb.db))
+        .rows[0]!.n;
+    await waitFor(
+      'the consumer to apply every message',
+      async () => consumerGaveUp() || (await applied()) >= n,
+      deadlineMs,
+    );
+  }
   async function checkApplied(keys: number, perKey: number) {
     const rows = (
       await sql<{
@@ -258,15 +269,7 @@ describe.skipIf(!local)('a three-broker cluster losing brokers under the relay a
       180_000,
     );
     expect(relay!.stats().parked, 'no key parked for a broker loss').toBe(0);
-    await waitFor(
-      'the consumer to apply every message',
-      async () =>
-        consumerGaveUp() ||
-        (await sql<{ n: number }>`SELECT count(DISTINCT message_id)::int AS n FROM applied`.execute(tdb.db))
-          .rows[0]!.n >=
-          KEYS * ROUNDS,
-      180_000,
-    );
+    await waitApplied(KEYS * ROUNDS, 180_000);
     const newLeader = await leaderOf(topic, 0);
     expect(newLeader.id).not.toBe(killed!.id);
     const { duplicates } = await checkTopic(topic, KEYS, ROUNDS);
@@ -319,15 +322,7 @@ describe.skipIf(!local)('a three-broker cluster losing brokers under the relay a
       async () => relay!.stats().waitingFor === null,
       60_000,
     );
-    await waitFor(
-      'the consumer to apply every message',
-      async () =>
-        consumerGaveUp() ||
-        (await sql<{ n: number }>`SELECT count(DISTINCT message_id)::int AS n FROM applied`.execute(tdb.db))
-          .rows[0]!.n >=
-          KEYS * 40,
-      240_000,
-    );
+    await waitApplied(KEYS * 40, 240_000);
     const { duplicates } = await checkTopic(topic, KEYS, 40);
     await checkApplied(KEYS, 40);
     log(
