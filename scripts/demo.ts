@@ -17,6 +17,7 @@ import { stackDir } from '../cli/stack/paths.js';
 import { resolveStack } from '../cli/stack/resolve.js';
 import { createDb } from '../src/db/database.js';
 import { migrateToLatest } from '../src/db/migrate.js';
+import { createTopicsAndWait } from '../src/kafka/ensureTopics.js';
 import { kafkaClient } from '../src/kafka/publisher.js';
 import { createTaskStore } from '../src/state/taskStore.js';
 import { createDemoTask, demoTaskId } from './demo/tasks.js';
@@ -82,13 +83,13 @@ const run = `${args.seed}-${Date.now().toString(36)}`;
 const kafka = kafkaClient(stack.kafkaBrokers.split(','), 'cairn-demo');
 const admin = kafka.admin();
 await admin.connect();
-await admin.createTopics({
-  topics: ['planning', 'implementing', 'reviewing', 'testing'].map((s) => ({
+await createTopicsAndWait(
+  admin,
+  ['planning', 'implementing', 'reviewing', 'testing'].map((s) => ({
     topic: topicOf(run, s),
     numPartitions: 3,
   })),
-  waitForLeaders: true,
-});
+);
 await admin.disconnect();
 
 // --- processes ---------------------------------------------------------------------------

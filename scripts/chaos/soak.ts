@@ -3,6 +3,7 @@ import { sql } from 'kysely';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { createDb, type Db } from '../../src/db/database.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
+import { createTopicsAndWait } from '../../src/kafka/ensureTopics.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { createDemoTask } from '../demo/tasks.js';
@@ -134,13 +135,10 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
   const kafka: Kafka = kafkaClient(o.kafkaBrokers.split(','), 'cairn-chaos');
   const admin = kafka.admin();
   await admin.connect();
-  await admin.createTopics({
-    topics: [...STAGES.map((s) => topicOf(run, s)), eventsTopic].map((topic) => ({
-      topic,
-      numPartitions: 3,
-    })),
-    waitForLeaders: true,
-  });
+  await createTopicsAndWait(
+    admin,
+    [...STAGES.map((s) => topicOf(run, s)), eventsTopic].map((topic) => ({ topic, numPartitions: 3 })),
+  );
   await admin.disconnect();
 
   const env = {

@@ -1,4 +1,4 @@
-import type { Admin } from 'kafkajs';
+import type { Admin, ITopicConfig } from 'kafkajs';
 import { TopicMissingError } from '../errors.js';
 
 /** How to create the topics a subscriber finds missing. */
@@ -63,4 +63,33 @@ export async function ensureTopics(
 function refusedForGood(err: unknown): boolean {
   const errors = (err as { errors?: unknown[] } | null)?.errors ?? [err];
   return errors.length > 0 && errors.every((e) => (e as { retriable?: unknown } | null)?.retriable === false);
+}
+
+/**
+ * Creates topics and waits until every partition has a leader, asking again while a broker
+ * answers that it does not host the topic yet. kafkajs's own `waitForLeaders` gives up on that
+ * answer, which a cluster of several brokers gives for a moment after every creation (the
+ * controller tells each broker on its own time). Returns false when they all existed already.
+ */
+export async function createTopicsAndWait(
+  admin: Admin,
+  topics: ITopicConfig[],
+  deadlineMs = 60_000,
+): Promise<boolean> {
+  const created = await admin.createTopics({ topics, waitForLeaders: false });
+  const names = topics.map((t) => t.topic);
+  const until = Date.now() + deadlineMs;
+  for (;;) {
+    try {
+      const meta = await admin.fetchTopicMetadata({ topics: names });
+      if (meta.topics.every((t) => t.partitions.length > 0 && t.partitions.every((p) => p.leader >= 0))) {
+        return created;
+      }
+    } catch (err) {
+      if ((err as { retriable?: unknown }).retriable !== true || Date.now() > until) throw err;
+    }
+    if (Date.now() > until)
+      throw new Error(`topics ${names.join(', ')} have no leader after ${deadlineMs} ms`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
 }

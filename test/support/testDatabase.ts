@@ -3,6 +3,7 @@ import { inject } from 'vitest';
 import { createScratchDatabase } from '../../scripts/lib/scratchDatabase.js';
 import { createDb, type Db } from '../../src/db/database.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
+import { createTopicsAndWait } from '../../src/kafka/ensureTopics.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
 
 export interface TestDatabase {
@@ -59,7 +60,7 @@ export async function createTestTopic(label: string, partitions: number): Promis
   const admin = kafkaClient(kafkaBrokers(), 'cairn-test-admin').admin();
   await admin.connect();
   try {
-    await admin.createTopics({ topics: [{ topic, numPartitions: partitions }], waitForLeaders: true });
+    await createTopicsAndWait(admin, [{ topic, numPartitions: partitions }]);
   } finally {
     await admin.disconnect();
   }
