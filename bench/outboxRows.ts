@@ -13,10 +13,15 @@ export function rows(n: number, keys: number, topic: string) {
   });
 }
 
+/**
+ * Outbox rows as the library writes them: no headers of the caller's; the relay builds
+ * `cairn-message-id` from message_id (since migration 0008 a row storing a `cairn-*` header
+ * is refused by outbox_headers_ok).
+ */
 export async function insertRows(db: Executor, batch: ReturnType<typeof rows>): Promise<void> {
   await sql`
     INSERT INTO outbox (lane, message_id, topic, key, headers, payload)
-    SELECT lane, id, topic, key, jsonb_build_object('cairn-message-id', id::text), ${PAYLOAD}
+    SELECT lane, id, topic, key, '{}'::jsonb, ${PAYLOAD}
       FROM unnest(${batch.map((r) => r.lane)}::int[], ${batch.map((r) => r.id)}::uuid[],
                   ${batch.map((r) => r.topic)}::text[], ${batch.map((r) => r.key)}::text[]) AS t(lane, id, topic, key)
   `.execute(db);
