@@ -1,7 +1,7 @@
 /**
  * LangGraph checkpoint savers, same database, same run: `put` + `getTuple` (a superstep's
  * checkpoint, then reading the thread's head, as a resuming graph does) per second and CPU
- * per operation (Node and the Postgres backends), for LangGraph's own Postgres saver and for
+ * per operation (Node, the Postgres backends and the broker, which should idle), for LangGraph's own Postgres saver and for
  * CairnSaver with its guarantees (head CAS, digests and chain, HMAC-signed rows) and without
  * the signatures.
  */
@@ -11,7 +11,7 @@ import { emptyCheckpoint, uuid6 } from '@langchain/langgraph-checkpoint';
 import { PostgresSaver } from '@langchain/langgraph-checkpoint-postgres';
 import pg from 'pg';
 import { CairnSaver } from '../langgraph/index.js';
-import { cpuDuring } from './cpu.js';
+import { addCpu, type CpuSpent, cpuDuring, cpuLine, cpuPerMsg, cpuSources, NO_CPU } from './cpu.js';
 import { benchDatabase, flag, throughput } from './support.js';
 
 type Saver = Pick<CairnSaver, 'put' | 'getTuple'>;
@@ -50,7 +50,7 @@ export async function benchLanggraph(args: string[]): Promise<Record<string, unk
   const seconds = flag(args, 'seconds', args.includes('--quick') ? 3 : 10);
   const valueBytes = flag(args, 'value-bytes', 2000);
   const env = await benchDatabase('langgraph', workers + 2);
-  const database = new URL(env.url).pathname.slice(1);
+  const cpuSrc = cpuSources(env);
   const pool = new pg.Pool({ connectionString: env.url, max: workers + 2 });
   try {
     const postgres = new PostgresSaver(pool, undefined, { schema: 'langgraph_postgres' });
@@ -65,24 +65,22 @@ export async function benchLanggraph(args: string[]): Promise<Record<string, unk
     // on a shared machine falls on both.
     for (const [label, saver] of savers)
       await throughput(workers, 1, stepper(saver, `warm-${label}`, workers, valueBytes));
-    const runs: Record<string, { ops: number; seconds: number; nodeS: number; postgresS: number }> = {};
+    const runs: Record<string, { ops: number; seconds: number; cpu: CpuSpent }> = {};
     for (let round = 0; round < 2; round++) {
       for (const [label, saver] of savers) {
         const op = stepper(saver, `${label}-${round}`, workers, valueBytes);
         let done = 0;
-        const started = Date.now();
-        const { cpu } = await cpuDuring(env.db, database, () =>
+        const { cpu, seconds: took } = await cpuDuring(cpuSrc, () =>
           throughput(workers, seconds / 2, async (w) => {
             await op(w);
             done++;
           }),
         );
-        const r = runs[label] ?? { ops: 0, seconds: 0, nodeS: 0, postgresS: 0 };
+        const r = runs[label] ?? { ops: 0, seconds: 0, cpu: NO_CPU };
         runs[label] = r;
         r.ops += done;
-        r.seconds += (Date.now() - started) / 1000;
-        r.nodeS += cpu.nodeS;
-        r.postgresS += cpu.postgresS;
+        r.seconds += took;
+        r.cpu = addCpu(r.cpu, cpu);
       }
     }
     const figures = Object.fromEntries(
@@ -90,9 +88,11 @@ export async function benchLanggraph(args: string[]): Promise<Record<string, unk
         label,
         {
           put_get_per_s: Math.round(r.ops / r.seconds),
-          cpu_us_per_op: Math.round(((r.nodeS + r.postgresS) / r.ops) * 1e6),
-          node_us_per_op: Math.round((r.nodeS / r.ops) * 1e6),
-          postgres_us_per_op: Math.round((r.postgresS / r.ops) * 1e6),
+          cpu_us_per_op: Math.round(((r.cpu.nodeS + r.cpu.postgresS) / r.ops) * 1e6),
+          node_us_per_op: Math.round((r.cpu.nodeS / r.ops) * 1e6),
+          postgres_us_per_op: Math.round((r.cpu.postgresS / r.ops) * 1e6),
+          // The common per-phase fields; a "message" here is one put + getTuple.
+          ...cpuPerMsg(r.cpu, r.ops),
         },
       ]),
     );
@@ -105,7 +105,9 @@ export async function benchLanggraph(args: string[]): Promise<Record<string, unk
       console.log(
         `  ${label.padEnd(22)} ${String(f.put_get_per_s).padStart(6)} ops/s  CPU ${f.cpu_us_per_op} µs/op (Node ${f.node_us_per_op}, Postgres ${f.postgres_us_per_op})`,
       );
+      console.log(`    ${cpuLine(f, 'op')}`);
     }
+    console.log(`  CPU: ${cpuSrc.brokerSource}; backends of the bench database from /proc`);
     console.log(
       `  CairnSaver / PostgresSaver: ${ratio('cairn_saver')} signed, ${ratio('cairn_saver_unsigned')} unsigned`,
     );
@@ -114,6 +116,7 @@ export async function benchLanggraph(args: string[]): Promise<Record<string, unk
       workers,
       seconds,
       value_bytes: valueBytes,
+      cpu_broker: cpuSrc.brokerSource,
       ...figures,
       cairn_vs_postgres_saver: ratio('cairn_saver'),
       cairn_unsigned_vs_postgres_saver: ratio('cairn_saver_unsigned'),
