@@ -3,17 +3,21 @@
  * version + 1` with its audit row in one statement (since migration 0008 SQL refuses a
  * version raised without one), same table, same workers, same run. Also the
  * same CAS as the application role acting for a tenant (forTenant: row-level security on).
+ * Each mode also reports CPU µs per update of Node, the database's backends and the broker
+ * (which takes no part here: it should read near 0).
  */
 import { sql } from 'kysely';
 import { createDb } from '../src/db/database.js';
 import { forTenant, registerTenant } from '../src/db/tenant.js';
 import { createTaskStore, type TaskStore } from '../src/state/taskStore.js';
+import { addCpu, type CpuSpent, cpuDuring, cpuLine, cpuPerMsg, cpuSources, NO_CPU } from './cpu.js';
 import { benchDatabase, flag, throughput } from './support.js';
 
 export async function benchCas(args: string[]): Promise<Record<string, unknown>> {
   const workers = flag(args, 'workers', 8);
   const seconds = flag(args, 'seconds', args.includes('--quick') ? 3 : 10);
   const env = await benchDatabase('cas', workers + 2);
+  const cpuSrc = cpuSources(env);
   try {
     const store = createTaskStore({ db: env.db });
     const actor = 'spiffe://bench.local/cas';
@@ -74,19 +78,39 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
     let rawTotal = 0;
     let rlsTotal = 0;
     const rounds = 2;
+    // Each mode's CPU and operations, summed over the rounds.
+    const spent = {
+      raw: { ops: 0, cpu: NO_CPU },
+      cas: { ops: 0, cpu: NO_CPU },
+      cas_tenant_rls: { ops: 0, cpu: NO_CPU },
+    };
+    const measured = async (mode: keyof typeof spent, op: (w: number) => Promise<void>) => {
+      const m = await cpuDuring(cpuSrc, () =>
+        throughput(workers, seconds / 2, async (w) => {
+          await op(w);
+          spent[mode].ops++;
+        }),
+      );
+      spent[mode].cpu = addCpu(spent[mode].cpu, m.cpu);
+      return { perS: m.result, cpu: m.cpu };
+    };
+    const nodeCores = (c: CpuSpent) => c.nodeS / (seconds / 2);
     let rawCpu = 0;
     let casCpu = 0;
     for (let i = 0; i < rounds; i++) {
-      let c = process.cpuUsage();
-      rawTotal += await throughput(workers, seconds / 2, raw);
-      c = process.cpuUsage(c);
-      rawCpu += (c.user + c.system) / 1e6 / (seconds / 2);
-      c = process.cpuUsage();
-      casTotal += await throughput(workers, seconds / 2, cas);
-      c = process.cpuUsage(c);
-      casCpu += (c.user + c.system) / 1e6 / (seconds / 2);
-      rlsTotal += await throughput(workers, seconds / 2, casRls);
+      const r = await measured('raw', raw);
+      rawTotal += r.perS;
+      rawCpu += nodeCores(r.cpu);
+      const c = await measured('cas', cas);
+      casTotal += c.perS;
+      casCpu += nodeCores(c.cpu);
+      rlsTotal += (await measured('cas_tenant_rls', casRls)).perS;
     }
+    const cpu = {
+      raw: cpuPerMsg(spent.raw.cpu, spent.raw.ops),
+      cas: cpuPerMsg(spent.cas.cpu, spent.cas.ops),
+      cas_tenant_rls: cpuPerMsg(spent.cas_tenant_rls.cpu, spent.cas_tenant_rls.ops),
+    };
     await appDb.destroy();
     const rlsPerS = rlsTotal / rounds;
     console.log(
@@ -97,11 +121,15 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
     const ratio = casPerS / rawPerS;
     console.log(`workers: ${workers}, ${seconds} s per mode`);
     console.log(`CAS update (TaskStore.update, audit row, trigger): ${casPerS.toFixed(0)} /s`);
+    console.log(`  ${cpuLine(cpu.cas, 'update')}`);
     console.log(`raw version bump + audit row (one statement):     ${rawPerS.toFixed(0)} /s`);
+    console.log(`  ${cpuLine(cpu.raw, 'update')}`);
     console.log(`ratio: ${ratio.toFixed(2)} (target >= 0.7)`);
     console.log(
       `CAS as a tenant (forTenant: the tenant's login role, row-level security): ${rlsPerS.toFixed(0)} /s (${((rlsPerS / casPerS) * 100).toFixed(0)}% of the owner's)`,
     );
+    console.log(`  ${cpuLine(cpu.cas_tenant_rls, 'update')}`);
+    console.log(`CPU: ${cpuSrc.brokerSource}; backends of the bench database from /proc`);
     return {
       bench: 'cas',
       cas_per_s: Math.round(casPerS),
@@ -109,6 +137,8 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       ratio: Number(ratio.toFixed(3)),
       cas_tenant_rls_per_s: Math.round(rlsPerS),
       tenant_to_owner: Number((rlsPerS / casPerS).toFixed(3)),
+      cpu_broker: cpuSrc.brokerSource,
+      cpu_by_phase: cpu,
     };
   } finally {
     await env.close();

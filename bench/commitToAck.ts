@@ -3,11 +3,13 @@ import { createRelayWithTestHooks, type RelayOptions } from '../relay/relay.js';
 import type { Db } from '../src/db/database.js';
 import { createKafkaPublisher } from '../src/kafka/publisher.js';
 import { OUTBOX_CHANNEL } from '../src/outbox/outbox.js';
+import { type CpuSources, type CpuSpent, cpuDuring } from './cpu.js';
 import { insertRows, outboxCount, percentile, rows } from './outboxRows.js';
 
 /**
  * Commits messages at a fixed rate for `seconds` while a relay publishes them, and measures
- * each one from its commit to the broker's ack (the relay's afterPublish hook).
+ * each one from its commit to the broker's ack (the relay's afterPublish hook), and the CPU
+ * spent from the first commit until the relay has drained the last one (not the relay's start).
  */
 export async function commitToAck(opts: {
   db: Db;
@@ -17,7 +19,16 @@ export async function commitToAck(opts: {
   seconds: number;
   relay: Partial<Omit<RelayOptions, 'db' | 'publisher'>>;
   notify?: boolean;
-}): Promise<{ rate: number; achieved: number; p50: number; p99: number; samples: number }> {
+  cpu: CpuSources;
+}): Promise<{
+  rate: number;
+  achieved: number;
+  p50: number;
+  p99: number;
+  samples: number;
+  sent: number;
+  cpu: CpuSpent;
+}> {
   const committed = new Map<string, number>();
   const latencies: number[] = [];
   const relay = createRelayWithTestHooks(
@@ -38,25 +49,27 @@ export async function commitToAck(opts: {
   );
   const running = relay.run();
   await new Promise((r) => setTimeout(r, 800)); // lanes acquired
-  const tickMs = 10;
-  const perTick = Math.max(1, Math.round((opts.rate * tickMs) / 1000));
-  const end = performance.now() + opts.seconds * 1000;
-  let next = performance.now();
   let sent = 0;
-  while (performance.now() < end) {
-    const batch = rows(perTick, 1000, opts.topic);
-    await opts.db.transaction().execute(async (trx) => {
-      await insertRows(trx, batch);
-      if (opts.notify) await sql`SELECT pg_notify(${OUTBOX_CHANNEL}, '')`.execute(trx);
-    });
-    const at = performance.now();
-    for (const m of batch) committed.set(m.id, at);
-    sent += batch.length;
-    next += tickMs;
-    const wait = next - performance.now();
-    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
-  }
-  while ((await outboxCount(opts.db)) > 0) await new Promise((r) => setTimeout(r, 20));
+  const { cpu } = await cpuDuring(opts.cpu, async () => {
+    const tickMs = 10;
+    const perTick = Math.max(1, Math.round((opts.rate * tickMs) / 1000));
+    const end = performance.now() + opts.seconds * 1000;
+    let next = performance.now();
+    while (performance.now() < end) {
+      const batch = rows(perTick, 1000, opts.topic);
+      await opts.db.transaction().execute(async (trx) => {
+        await insertRows(trx, batch);
+        if (opts.notify) await sql`SELECT pg_notify(${OUTBOX_CHANNEL}, '')`.execute(trx);
+      });
+      const at = performance.now();
+      for (const m of batch) committed.set(m.id, at);
+      sent += batch.length;
+      next += tickMs;
+      const wait = next - performance.now();
+      if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+    }
+    while ((await outboxCount(opts.db)) > 0) await new Promise((r) => setTimeout(r, 20));
+  });
   await relay.stop();
   await running;
   const sorted = latencies.sort((a, b) => a - b);
@@ -66,5 +79,7 @@ export async function commitToAck(opts: {
     p50: percentile(sorted, 50),
     p99: percentile(sorted, 99),
     samples: sorted.length,
+    sent,
+    cpu,
   };
 }

@@ -1,7 +1,9 @@
 /**
  * Messages applied exactly once per second by the inbox consumer (dedupe row in the same
  * transaction as the handler, offset committed after it) against a raw kafkajs consumer that
- * does nothing, on the same topic in the same run. Target: >= 20,000 applied/s.
+ * does nothing, on the same topic in the same run. Target: >= 20,000 applied/s. Both also
+ * report CPU µs per message of Node, the database's backends and the broker, from the
+ * consumer's start (group join included) to its last message.
  */
 import { randomUUID } from 'node:crypto';
 import { Partitioners } from 'kafkajs';
@@ -9,6 +11,7 @@ import { v7 as uuidv7 } from 'uuid';
 import { createInboxConsumer } from '../consumers/inboxConsumer.js';
 import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../src/kafka/subscriber.js';
+import { cpuDuring, cpuLine, cpuPerMsg, cpuSources } from './cpu.js';
 import { benchDatabase, flag } from './support.js';
 
 export async function benchInbox(args: string[]): Promise<Record<string, unknown>> {
@@ -22,6 +25,7 @@ export async function benchInbox(args: string[]): Promise<Record<string, unknown
   const admin = kafka.admin();
   await admin.connect();
   await admin.createTopics({ topics: [{ topic, numPartitions: 6 }], waitForLeaders: true });
+  const cpuSrc = cpuSources(env);
   try {
     const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
     await producer.connect();
@@ -45,16 +49,17 @@ export async function benchInbox(args: string[]): Promise<Record<string, unknown
     await raw.subscribe({ topic, fromBeginning: true });
     let rawCount = 0;
     let t0 = 0;
-    const rawDone = new Promise<void>((resolve) => {
-      void raw.run({
-        eachBatch: async ({ batch }) => {
-          if (t0 === 0) t0 = performance.now();
-          rawCount += batch.messages.length;
-          if (rawCount >= n) resolve();
-        },
+    const rawCpu = await cpuDuring(cpuSrc, async () => {
+      await new Promise<void>((resolve) => {
+        void raw.run({
+          eachBatch: async ({ batch }) => {
+            if (t0 === 0) t0 = performance.now();
+            rawCount += batch.messages.length;
+            if (rawCount >= n) resolve();
+          },
+        });
       });
     });
-    await rawDone;
     const rawPerS = n / ((performance.now() - t0) / 1000);
     await raw.disconnect();
 
@@ -69,29 +74,38 @@ export async function benchInbox(args: string[]): Promise<Record<string, unknown
       handler: async () => {},
     });
     let t1 = 0;
-    const started = performance.now();
-    void consumer.run();
-    while (consumer.stats().applied < n) {
-      if (t1 === 0 && consumer.stats().applied > 0) t1 = performance.now();
-      await new Promise((r) => setTimeout(r, 5));
-    }
+    let started = 0;
+    const inboxCpu = await cpuDuring(cpuSrc, async () => {
+      started = performance.now();
+      void consumer.run();
+      while (consumer.stats().applied < n) {
+        if (t1 === 0 && consumer.stats().applied > 0) t1 = performance.now();
+        await new Promise((r) => setTimeout(r, 5));
+      }
+    });
     const appliedPerS = n / ((performance.now() - (t1 || started)) / 1000);
     const s = consumer.stats();
     await consumer.stop();
 
     const ratio = appliedPerS / rawPerS;
+    const cpu = { inbox: cpuPerMsg(inboxCpu.cpu, n), raw_consumer: cpuPerMsg(rawCpu.cpu, n) };
     console.log(`messages: ${n} x 200 B on 6 partitions, inbox chunk ${chunk}`);
     console.log(`raw kafkajs consumer (no-op)      ${rawPerS.toFixed(0).padStart(8)} msgs/s`);
+    console.log(`  ${cpuLine(cpu.raw_consumer)}`);
     console.log(
       `inbox consumer, exactly once      ${appliedPerS.toFixed(0).padStart(8)} applied/s  (target >= 20,000)`,
     );
+    console.log(`  ${cpuLine(cpu.inbox)}`);
     console.log(`ratio                             ${ratio.toFixed(2).padStart(8)}`);
     console.log(`duplicates ${s.duplicates}, transactions ${s.commits}`);
+    console.log(`CPU: ${cpuSrc.brokerSource}; backends of the bench database from /proc`);
     return {
       bench: 'inbox',
       applied_per_s: Math.round(appliedPerS),
       raw_consume_per_s: Math.round(rawPerS),
       ratio: Number(ratio.toFixed(3)),
+      cpu_broker: cpuSrc.brokerSource,
+      cpu_by_phase: cpu,
     };
   } finally {
     await admin.deleteTopics({ topics: [topic] }).catch(() => {});

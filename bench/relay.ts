@@ -3,6 +3,7 @@
  *  (a) drain a backlog of N messages of 200 bytes, messages/s;
  *  (b) steady load at fixed rates, p50/p99 from commit to broker ack;
  *  (c) the same messages through a raw kafkajs producer, and a raw Postgres insert loop.
+ * Each phase also reports CPU µs per message of Node, the database's backends and the broker.
  * `--quick` runs a smaller version (under a minute) with the same JSON keys.
  */
 
@@ -11,6 +12,7 @@ import { sql } from 'kysely';
 import { createRelay } from '../relay/relay.js';
 import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { commitToAck } from './commitToAck.js';
+import { cpuDuring, cpuLine, cpuPerMsg, cpuSources } from './cpu.js';
 import { insertRows, outboxCount, PAYLOAD, rows } from './outboxRows.js';
 import { benchDatabase, flag } from './support.js';
 
@@ -34,12 +36,14 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
     topics: Object.values(topics).map((topic) => ({ topic, numPartitions: 6 })),
     waitForLeaders: true,
   });
+  const cpuSrc = cpuSources(env);
   try {
     // (c2) raw Postgres insert loop: the backlog itself, 1,000 rows per transaction.
     const backlog = rows(n, 1000, topics.drain);
-    let t0 = performance.now();
-    for (let i = 0; i < backlog.length; i += 1000) await insertRows(env.db, backlog.slice(i, i + 1000));
-    const rawInsertPerS = n / ((performance.now() - t0) / 1000);
+    const insertCpu = await cpuDuring(cpuSrc, async () => {
+      for (let i = 0; i < backlog.length; i += 1000) await insertRows(env.db, backlog.slice(i, i + 1000));
+    });
+    const rawInsertPerS = n / insertCpu.seconds;
 
     // (a) drain
     const relay = createRelay({
@@ -49,10 +53,12 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
       leaseTtlMs: 10_000,
       maxIdleMs: 20,
     });
-    t0 = performance.now();
-    const running = relay.run();
-    while ((await outboxCount(env.db)) > 0) await new Promise((r) => setTimeout(r, 20));
-    const drainPerS = n / ((performance.now() - t0) / 1000);
+    let running: ReturnType<typeof relay.run> | undefined;
+    const drainCpu = await cpuDuring(cpuSrc, async () => {
+      running = relay.run();
+      while ((await outboxCount(env.db)) > 0) await new Promise((r) => setTimeout(r, 20));
+    });
+    const drainPerS = n / drainCpu.seconds;
     const w = relay.stats().waitMs;
     const drainWaits = `claim ${(w.claim / 1000).toFixed(1)} s, publish ${(w.publish / 1000).toFixed(1)} s, delete ${(w.delete / 1000).toFixed(1)} s`;
 
@@ -67,6 +73,7 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
         rate,
         seconds: steadySeconds,
         relay: { batchSize, leaseTtlMs: 10_000, maxIdleMs: 5 },
+        cpu: cpuSrc,
       });
     const at1k = await steady(1000);
     const at5k = await steady(5000);
@@ -84,39 +91,55 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
     });
     await producer.connect();
     const raw = rows(n, 1000, topics.raw);
-    t0 = performance.now();
-    for (let i = 0; i < raw.length; i += batchSize) {
-      await producer.sendBatch({
-        acks: -1,
-        topicMessages: [
-          {
-            topic: topics.raw,
-            messages: raw
-              .slice(i, i + batchSize)
-              .map((m) => ({ key: m.key, value: PAYLOAD, headers: { 'cairn-message-id': m.id } })),
-          },
-        ],
-      });
-    }
-    const rawProducerPerS = n / ((performance.now() - t0) / 1000);
+    const producerCpu = await cpuDuring(cpuSrc, async () => {
+      for (let i = 0; i < raw.length; i += batchSize) {
+        await producer.sendBatch({
+          acks: -1,
+          topicMessages: [
+            {
+              topic: topics.raw,
+              messages: raw
+                .slice(i, i + batchSize)
+                .map((m) => ({ key: m.key, value: PAYLOAD, headers: { 'cairn-message-id': m.id } })),
+            },
+          ],
+        });
+      }
+    });
+    const rawProducerPerS = n / producerCpu.seconds;
     await producer.disconnect();
 
     const ratio = drainPerS / rawProducerPerS;
+    const cpu = {
+      drain: cpuPerMsg(drainCpu.cpu, n),
+      raw_producer: cpuPerMsg(producerCpu.cpu, n),
+      raw_insert: cpuPerMsg(insertCpu.cpu, n),
+      steady_1k: cpuPerMsg(at1k.cpu, at1k.sent),
+      steady_5k: cpuPerMsg(at5k.cpu, at5k.sent),
+    };
     const f = (x: number) => x.toFixed(0).padStart(8);
     console.log(`messages: ${n} x 200 B, relay batch ${batchSize}, ${steadySeconds} s per steady rate`);
     console.log(`relay drain (backlog)            ${f(drainPerS)} msgs/s   (target >= 50,000)`);
+    console.log(`  ${cpuLine(cpu.drain)}`);
     console.log(`raw kafkajs producer             ${f(rawProducerPerS)} msgs/s`);
+    console.log(`  ${cpuLine(cpu.raw_producer)}`);
     console.log(`  drain loop waited: ${drainWaits}`);
     console.log(`drain / raw producer             ${ratio.toFixed(2).padStart(8)}          (target >= 0.8)`);
     console.log(`raw Postgres insert (1k per tx)  ${f(rawInsertPerS)} msgs/s`);
+    console.log(`  ${cpuLine(cpu.raw_insert)}`);
     console.log(
       `outbox after ${n} drained + ${Math.round(steadySeconds * 6000)} steady: ${(Number(outboxAfter.bytes) / 1024 / 1024).toFixed(1)} MiB on disk, ${outboxAfter.live} live / ${outboxAfter.dead} dead tuples`,
     );
-    for (const s of [at1k, at5k]) {
+    for (const [s, c] of [
+      [at1k, cpu.steady_1k],
+      [at5k, cpu.steady_5k],
+    ] as const) {
       console.log(
         `steady ${s.rate}/s (achieved ${s.achieved.toFixed(0)}/s): commit->ack p50 ${s.p50.toFixed(1)} ms, p99 ${s.p99.toFixed(1)} ms (${s.samples} samples)`,
       );
+      console.log(`  ${cpuLine(c)} (commit and relay, first commit to drained)`);
     }
+    console.log(`CPU: ${cpuSrc.brokerSource}; backends of the bench database from /proc`);
     return {
       bench: 'relay',
       drain_msgs_per_s: Math.round(drainPerS),
@@ -129,6 +152,8 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
       p99_ms_at_5k: Number(at5k.p99.toFixed(2)),
       outbox_bytes_after: Number(outboxAfter.bytes),
       outbox_dead_tuples_after: outboxAfter.dead,
+      cpu_broker: cpuSrc.brokerSource,
+      cpu_by_phase: cpu,
     };
   } finally {
     await admin.deleteTopics({ topics: Object.values(topics) }).catch(() => {});
