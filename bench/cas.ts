@@ -17,7 +17,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
   const workers = flag(args, 'workers', 8);
   const seconds = flag(args, 'seconds', args.includes('--quick') ? 3 : 10);
   const env = await benchDatabase('cas', workers + 2);
-  const cpuSrc = cpuSources(env);
+  const cpuSrc = await cpuSources(env);
   try {
     const store = createTaskStore({ db: env.db });
     const actor = 'spiffe://bench.local/cas';
@@ -129,7 +129,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       `CAS as a tenant (forTenant: the tenant's login role, row-level security): ${rlsPerS.toFixed(0)} /s (${((rlsPerS / casPerS) * 100).toFixed(0)}% of the owner's)`,
     );
     console.log(`  ${cpuLine(cpu.cas_tenant_rls, 'update')}`);
-    console.log(`CPU: ${cpuSrc.brokerSource}; backends of the bench database from /proc`);
+    console.log(`CPU: ${cpuSrc.brokerSource}; ${cpuSrc.postgresSource}`);
     return {
       bench: 'cas',
       cas_per_s: Math.round(casPerS),
@@ -138,6 +138,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       cas_tenant_rls_per_s: Math.round(rlsPerS),
       tenant_to_owner: Number((rlsPerS / casPerS).toFixed(3)),
       cpu_broker: cpuSrc.brokerSource,
+      cpu_postgres: cpuSrc.postgresSource,
       cpu_by_phase: cpu,
     };
   } finally {

@@ -26,6 +26,15 @@ export function parseStatCpuS(stat: string): number | undefined {
   return (utime + stime) / TICKS_PER_S;
 }
 
+/** The command name of a local process (/proc/<pid>/comm); undefined when there is none. */
+async function processName(pid: number): Promise<string | undefined> {
+  try {
+    return (await readFile(`/proc/${pid}/comm`, 'utf8')).trim();
+  } catch {
+    return undefined;
+  }
+}
+
 /** CPU seconds of a process, from /proc; undefined when it is gone or unreadable. */
 async function processCpuS(pid: number): Promise<number | undefined> {
   try {
@@ -50,6 +59,10 @@ async function backendPids(db: Db, database: string): Promise<number[]> {
 export interface CpuSources {
   db: Db;
   database: string;
+  /** False when the backends' pids are not processes of this machine (a container, a remote host). */
+  postgresLocal: boolean;
+  /** Why Postgres is (not) measured. */
+  postgresSource: string;
   /** The local stack's broker JVM pids; null when the broker is not the local stack's. */
   brokerPids: number[] | null;
   /** Why the broker is (not) measured, printed once per bench and put in its JSON. */
@@ -61,16 +74,27 @@ export interface CpuSources {
 /**
  * The sources of a bench's database and broker. The broker's CPU is read only when it is the
  * local stack's JVM (its pid file under .cairn); a broker elsewhere (KAFKA_BROKERS, a
- * container) is reported as null, never as 0.
+ * container) is reported as null, never as 0. Postgres likewise: its backends are read from
+ * /proc only when the pid Postgres gives for this connection is a local `postgres` process
+ * (in a container or on another host the same number names another process, or none).
  */
-export function cpuSources(env: BenchEnv): CpuSources {
+export async function cpuSources(env: BenchEnv): Promise<CpuSources> {
   const database = new URL(env.url).pathname.slice(1);
-  const base = { db: env.db, database };
+  const { rows } = await sql<{ pid: number }>`SELECT pg_backend_pid() AS pid`.execute(env.db);
+  const postgresLocal = (await processName(rows[0]!.pid)) === 'postgres';
+  const base = {
+    db: env.db,
+    database,
+    postgresLocal,
+    postgresSource: postgresLocal
+      ? `Postgres: every backend of ${database} (pg_stat_activity), local processes`
+      : `Postgres not measured: ${env.stack.source.postgres}'s backends are not processes of this machine`,
+  };
   if (!env.stack.localKafka) {
     return {
       ...base,
       brokerPids: null,
-      brokerSource: `broker not measured: ${env.stack.source.kafka} is not the local stack's JVM`,
+      brokerSource: `broker not measured: the one from ${env.stack.source.kafka} is not the local stack's JVM`,
     };
   }
   const size = Number(process.env.CAIRN_KAFKA_BROKERS_LOCAL ?? 1);
@@ -78,17 +102,18 @@ export function cpuSources(env: BenchEnv): CpuSources {
     size > 1
       ? clusterNodes(size).map((n) => nodePid(n))
       : [readPid()].map((p) => (p && isAlive(p) ? p : undefined));
-  if (pids.some((p) => p === undefined)) {
-    return { ...base, brokerPids: null, brokerSource: 'broker not measured: no live pid file' };
+  const names = await Promise.all(pids.map((p) => (p ? processName(p) : undefined)));
+  if (names.some((n) => n !== 'java')) {
+    return { ...base, brokerPids: null, brokerSource: 'broker not measured: no live JVM in its pid file' };
   }
   const live = pids as number[];
-  return { ...base, brokerPids: live, brokerSource: `broker JVM pid ${live.join(', ')} (local stack)` };
+  return { ...base, brokerPids: live, brokerSource: `broker: JVM pid ${live.join(', ')} (local stack)` };
 }
 
 /** CPU seconds spent during a measured section, per process kind; null where not measured. */
 export interface CpuSpent {
   nodeS: number;
-  postgresS: number;
+  postgresS: number | null;
   brokerS: number | null;
 }
 
@@ -116,7 +141,8 @@ export async function cpuDuring<T>(
   run: () => Promise<T>,
 ): Promise<{ result: T; cpu: CpuSpent; seconds: number }> {
   const children = () => src.childPids?.() ?? [];
-  const pgBefore = await sumCpuS(await backendPids(src.db, src.database));
+  const backends = async () => (src.postgresLocal ? backendPids(src.db, src.database) : []);
+  const pgBefore = await sumCpuS(await backends());
   const brokerBefore = await sumCpuS(src.brokerPids ?? []);
   const childBefore = await sumCpuS(children());
   const node = process.cpuUsage();
@@ -126,7 +152,7 @@ export async function cpuDuring<T>(
   const nodeUsed = process.cpuUsage(node);
   const childS = delta(await sumCpuS(children()), childBefore);
   const brokerAfter = await sumCpuS(src.brokerPids ?? []);
-  const postgresS = delta(await sumCpuS(await backendPids(src.db, src.database)), pgBefore);
+  const postgresS = src.postgresLocal ? delta(await sumCpuS(await backends()), pgBefore) : null;
   return {
     result,
     seconds,
@@ -146,7 +172,7 @@ export async function cpuDuring<T>(
 export function addCpu(a: CpuSpent, b: CpuSpent): CpuSpent {
   return {
     nodeS: a.nodeS + b.nodeS,
-    postgresS: a.postgresS + b.postgresS,
+    postgresS: a.postgresS === null || b.postgresS === null ? null : a.postgresS + b.postgresS,
     brokerS: a.brokerS === null || b.brokerS === null ? null : a.brokerS + b.brokerS,
   };
 }
@@ -156,9 +182,9 @@ export const NO_CPU: CpuSpent = { nodeS: 0, postgresS: 0, brokerS: 0 };
 /** One phase's figures for the final JSON line. */
 export interface CpuPerMsg {
   messages: number;
-  /** Node + Postgres + broker; without the broker when it was not measured (see cpu_broker). */
+  /** Node + Postgres + broker; without what was not measured (see cpu_broker, cpu_postgres). */
   cpu_us_per_msg: number;
-  cpu_us_per_msg_by_process: { node: number; postgres: number; broker: number | null };
+  cpu_us_per_msg_by_process: { node: number; postgres: number | null; broker: number | null };
 }
 
 const us = (s: number, n: number) => Number(((s / n) * 1e6).toFixed(1));
@@ -167,10 +193,10 @@ export function cpuPerMsg(cpu: CpuSpent, messages: number): CpuPerMsg {
   const n = Math.max(1, messages);
   return {
     messages,
-    cpu_us_per_msg: us(cpu.nodeS + cpu.postgresS + (cpu.brokerS ?? 0), n),
+    cpu_us_per_msg: us(cpu.nodeS + (cpu.postgresS ?? 0) + (cpu.brokerS ?? 0), n),
     cpu_us_per_msg_by_process: {
       node: us(cpu.nodeS, n),
-      postgres: us(cpu.postgresS, n),
+      postgres: cpu.postgresS === null ? null : us(cpu.postgresS, n),
       broker: cpu.brokerS === null ? null : us(cpu.brokerS, n),
     },
   };
@@ -179,7 +205,10 @@ export function cpuPerMsg(cpu: CpuSpent, messages: number): CpuPerMsg {
 /** `CPU µs/msg: total T (Node n, Postgres p, broker b)`, the line every phase prints. */
 export function cpuLine(c: CpuPerMsg, unit = 'msg'): string {
   const p = c.cpu_us_per_msg_by_process;
-  const broker = p.broker === null ? 'not measured' : String(p.broker);
-  const total = p.broker === null ? `${c.cpu_us_per_msg} without the broker` : String(c.cpu_us_per_msg);
-  return `CPU µs/${unit}: total ${total} (Node ${p.node}, Postgres ${p.postgres}, broker ${broker})`;
+  const shown = (v: number | null) => (v === null ? 'not measured' : String(v));
+  const missing = [p.postgres === null ? 'Postgres' : '', p.broker === null ? 'the broker' : '']
+    .filter(Boolean)
+    .join(' and ');
+  const total = missing ? `${c.cpu_us_per_msg} without ${missing}` : String(c.cpu_us_per_msg);
+  return `CPU µs/${unit}: total ${total} (Node ${p.node}, Postgres ${shown(p.postgres)}, broker ${shown(p.broker)})`;
 }

@@ -25,7 +25,7 @@ export async function benchInbox(args: string[]): Promise<Record<string, unknown
   const admin = kafka.admin();
   await admin.connect();
   await admin.createTopics({ topics: [{ topic, numPartitions: 6 }], waitForLeaders: true });
-  const cpuSrc = cpuSources(env);
+  const cpuSrc = await cpuSources(env);
   try {
     const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
     await producer.connect();
@@ -98,13 +98,14 @@ export async function benchInbox(args: string[]): Promise<Record<string, unknown
     console.log(`  ${cpuLine(cpu.inbox)}`);
     console.log(`ratio                             ${ratio.toFixed(2).padStart(8)}`);
     console.log(`duplicates ${s.duplicates}, transactions ${s.commits}`);
-    console.log(`CPU: ${cpuSrc.brokerSource}; backends of the bench database from /proc`);
+    console.log(`CPU: ${cpuSrc.brokerSource}; ${cpuSrc.postgresSource}`);
     return {
       bench: 'inbox',
       applied_per_s: Math.round(appliedPerS),
       raw_consume_per_s: Math.round(rawPerS),
       ratio: Number(ratio.toFixed(3)),
       cpu_broker: cpuSrc.brokerSource,
+      cpu_postgres: cpuSrc.postgresSource,
       cpu_by_phase: cpu,
     };
   } finally {

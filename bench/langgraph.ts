@@ -50,7 +50,7 @@ export async function benchLanggraph(args: string[]): Promise<Record<string, unk
   const seconds = flag(args, 'seconds', args.includes('--quick') ? 3 : 10);
   const valueBytes = flag(args, 'value-bytes', 2000);
   const env = await benchDatabase('langgraph', workers + 2);
-  const cpuSrc = cpuSources(env);
+  const cpuSrc = await cpuSources(env);
   const pool = new pg.Pool({ connectionString: env.url, max: workers + 2 });
   try {
     const postgres = new PostgresSaver(pool, undefined, { schema: 'langgraph_postgres' });
@@ -88,9 +88,9 @@ export async function benchLanggraph(args: string[]): Promise<Record<string, unk
         label,
         {
           put_get_per_s: Math.round(r.ops / r.seconds),
-          cpu_us_per_op: Math.round(((r.cpu.nodeS + r.cpu.postgresS) / r.ops) * 1e6),
+          cpu_us_per_op: Math.round(((r.cpu.nodeS + (r.cpu.postgresS ?? 0)) / r.ops) * 1e6),
           node_us_per_op: Math.round((r.cpu.nodeS / r.ops) * 1e6),
-          postgres_us_per_op: Math.round((r.cpu.postgresS / r.ops) * 1e6),
+          postgres_us_per_op: r.cpu.postgresS === null ? null : Math.round((r.cpu.postgresS / r.ops) * 1e6),
           // The common per-phase fields; a "message" here is one put + getTuple.
           ...cpuPerMsg(r.cpu, r.ops),
         },
@@ -107,7 +107,7 @@ export async function benchLanggraph(args: string[]): Promise<Record<string, unk
       );
       console.log(`    ${cpuLine(f, 'op')}`);
     }
-    console.log(`  CPU: ${cpuSrc.brokerSource}; backends of the bench database from /proc`);
+    console.log(`  CPU: ${cpuSrc.brokerSource}; ${cpuSrc.postgresSource}`);
     console.log(
       `  CairnSaver / PostgresSaver: ${ratio('cairn_saver')} signed, ${ratio('cairn_saver_unsigned')} unsigned`,
     );
@@ -117,6 +117,7 @@ export async function benchLanggraph(args: string[]): Promise<Record<string, unk
       seconds,
       value_bytes: valueBytes,
       cpu_broker: cpuSrc.brokerSource,
+      cpu_postgres: cpuSrc.postgresSource,
       ...figures,
       cairn_vs_postgres_saver: ratio('cairn_saver'),
       cairn_unsigned_vs_postgres_saver: ratio('cairn_saver_unsigned'),

@@ -36,7 +36,7 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
     topics: Object.values(topics).map((topic) => ({ topic, numPartitions: 6 })),
     waitForLeaders: true,
   });
-  const cpuSrc = cpuSources(env);
+  const cpuSrc = await cpuSources(env);
   try {
     // (c2) raw Postgres insert loop: the backlog itself, 1,000 rows per transaction.
     const backlog = rows(n, 1000, topics.drain);
@@ -139,7 +139,7 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
       );
       console.log(`  ${cpuLine(c)} (commit and relay, first commit to drained)`);
     }
-    console.log(`CPU: ${cpuSrc.brokerSource}; backends of the bench database from /proc`);
+    console.log(`CPU: ${cpuSrc.brokerSource}; ${cpuSrc.postgresSource}`);
     return {
       bench: 'relay',
       drain_msgs_per_s: Math.round(drainPerS),
@@ -153,6 +153,7 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
       outbox_bytes_after: Number(outboxAfter.bytes),
       outbox_dead_tuples_after: outboxAfter.dead,
       cpu_broker: cpuSrc.brokerSource,
+      cpu_postgres: cpuSrc.postgresSource,
       cpu_by_phase: cpu,
     };
   } finally {

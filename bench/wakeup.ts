@@ -20,7 +20,7 @@ export async function benchWakeup(args: string[]): Promise<Record<string, unknow
   const admin = kafkaClient(brokers, 'bench-wakeup').admin();
   await admin.connect();
   await admin.createTopics({ topics: [{ topic, numPartitions: 3 }], waitForLeaders: true });
-  const cpuSrc = cpuSources(env);
+  const cpuSrc = await cpuSources(env);
   try {
     const run = (mode: 'poll-5ms' | 'poll-200ms' | 'notify') =>
       commitToAck({
@@ -81,7 +81,7 @@ export async function benchWakeup(args: string[]): Promise<Record<string, unknow
     );
     console.log(`  without NOTIFY: ${cpuLine(cpu.commits, 'commit')}`);
     console.log(`  with NOTIFY:    ${cpuLine(cpu.commits_with_notify, 'commit')}`);
-    console.log(`CPU: ${cpuSrc.brokerSource}; backends of the bench database from /proc`);
+    console.log(`CPU: ${cpuSrc.brokerSource}; ${cpuSrc.postgresSource}`);
     return {
       bench: 'wakeup',
       poll5_p50_ms: Number(fast.p50.toFixed(2)),
@@ -93,6 +93,7 @@ export async function benchWakeup(args: string[]): Promise<Record<string, unknow
       commits_per_s: Math.round(plain),
       commits_per_s_with_notify: Math.round(notified),
       cpu_broker: cpuSrc.brokerSource,
+      cpu_postgres: cpuSrc.postgresSource,
       cpu_by_phase: cpu,
     };
   } finally {

@@ -38,6 +38,15 @@ describe('cpuPerMsg', () => {
     );
   });
 
+  it('leaves Postgres out of the total, and says so, when its backends are not local processes', () => {
+    const c = cpuPerMsg({ nodeS: 1, postgresS: null, brokerS: null }, 1000);
+    expect(c.cpu_us_per_msg).toBe(1000);
+    expect(c.cpu_us_per_msg_by_process).toEqual({ node: 1000, postgres: null, broker: null });
+    expect(cpuLine(c, 'op')).toBe(
+      'CPU µs/op: total 1000 without Postgres and the broker (Node 1000, Postgres not measured, broker not measured)',
+    );
+  });
+
   it('keeps a measured 0 as 0 (a phase that used no Postgres)', () => {
     const c = cpuPerMsg({ nodeS: 2, postgresS: 0, brokerS: 1 }, 1000);
     expect(c.cpu_us_per_msg_by_process).toEqual({ node: 2000, postgres: 0, broker: 1000 });
