@@ -32,8 +32,10 @@ export interface StackStatus {
   postgres: { url: string; source: 'DATABASE_URL' | 'local'; reachable: boolean; error?: string };
   kafka: {
     source: 'KAFKA_BROKERS' | 'local';
-    /** Each bootstrap broker, asked on its own (with its pid for a node of the local cluster). */
-    brokers: Array<{ address: string; reachable: boolean; pid?: number | null }>;
+    /** Each bootstrap broker, asked on its own. */
+    brokers: Array<{ address: string; reachable: boolean }>;
+    /** The nodes of the local cluster (stack up --brokers N) that run, each asked on its own. */
+    cluster?: Array<{ address: string; reachable: boolean; pid: number | null }>;
     /** The local broker's process while it runs; null for KAFKA_BROKERS or a stopped broker. */
     pid: number | null;
     /** The local broker only: `starting` while its process runs but does not answer yet. */
@@ -67,37 +69,23 @@ export async function stackStatus(): Promise<StackStatus> {
       kafka: { source: 'KAFKA_BROKERS', brokers, pid: null },
     };
   }
-  const cluster = clusterNodes(9).filter((n) => nodePid(n) !== undefined);
-  if (cluster.length > 0) {
-    // The local cluster: each node that runs, asked on its own.
-    const nodes = await Promise.all(
-      cluster.map(async (n) => ({
-        address: n.address,
-        reachable: await kafkaAnswers(n.address),
-        pid: nodePid(n) ?? null,
-      })),
-    );
-    const up = nodes.every((b) => b.reachable);
-    return {
-      ok: postgres.reachable && up,
-      postgres,
-      kafka: {
-        source: 'local',
-        brokers: nodes,
-        pid: nodes[0]?.pid ?? null,
-        state: up ? 'up' : 'starting',
-        version: KAFKA_VERSION,
-        log: cluster.map((n) => n.log).join(', '),
-      },
-    };
-  }
   const pid = readPid();
   const alive = pid !== undefined && isAlive(pid);
   // Something else answering on the port while our broker is not running is not the local stack.
   const brokers = alive ? await probe(localBrokers) : [{ address: localBrokers, reachable: false }];
   const up = alive && brokers.every((b) => b.reachable);
+  // The local cluster (stack up --brokers N), beside or instead of the single broker: each node that runs.
+  const running = clusterNodes(9).filter((n) => nodePid(n) !== undefined);
+  const cluster = await Promise.all(
+    running.map(async (n) => ({
+      address: n.address,
+      reachable: await kafkaAnswers(n.address),
+      pid: nodePid(n) ?? null,
+    })),
+  );
+  const clusterUp = cluster.length > 0 && cluster.every((n) => n.reachable);
   return {
-    ok: postgres.reachable && up,
+    ok: postgres.reachable && (cluster.length > 0 ? clusterUp && (up || !alive) : up),
     postgres,
     kafka: {
       source: 'local',
@@ -106,6 +94,7 @@ export async function stackStatus(): Promise<StackStatus> {
       state: up ? 'up' : alive ? 'starting' : 'down',
       version: KAFKA_VERSION,
       log: kafkaPaths.log,
+      ...(cluster.length > 0 ? { cluster } : {}),
     },
   };
 }
@@ -119,11 +108,12 @@ export function printStackStatus(s: StackStatus): void {
     for (const b of k.brokers) log(`kafka ${b.address} (KAFKA_BROKERS): ${b.reachable ? 'up' : 'DOWN'}`);
     return;
   }
-  if (k.brokers.length > 1) {
-    for (const b of k.brokers)
-      log(`kafka ${b.address} (local cluster ${k.version}): ${b.reachable ? 'up' : 'DOWN'}, pid ${b.pid}`);
-    return;
-  }
   const state = k.state === 'down' ? 'down' : `${k.state}, pid ${k.pid}`;
-  log(`kafka ${k.brokers[0]?.address} (local ${k.version}): ${state}; log ${k.log}`);
+  if (k.state !== 'down' || !k.cluster)
+    log(`kafka ${k.brokers[0]?.address} (local ${k.version}): ${state}; log ${k.log}`);
+  for (const n of k.cluster ?? []) {
+    log(
+      `kafka ${n.address} (local cluster node, ${k.version}): ${n.reachable ? 'up' : 'DOWN'}, pid ${n.pid}`,
+    );
+  }
 }
