@@ -224,6 +224,7 @@ export function createInboxConsumerWithTestHooks(
   /** Applies the new messages of a chunk in one transaction; returns counts to add once it committed. */
   async function applyChunk(trx: Trx, chunk: readonly InboxMessage[]) {
     const counts = { applied: 0, duplicates: 0, stale: 0 };
+    const latencies: number[] = [];
     const fresh = await insertInboxRows(trx, groupId, chunk);
     for (const m of chunk) {
       // `fresh` holds each new (tenant, id) once; a second copy in the same chunk is a duplicate too.
@@ -249,10 +250,16 @@ export function createInboxConsumerWithTestHooks(
           continue;
         }
       }
-      await traced.run(m, () => handler(trx, m));
+      const seconds = await traced.run(m, () => handler(trx, m));
+      if (seconds !== undefined) latencies.push(seconds);
       counts.applied++;
     }
-    return counts;
+    return { counts, latencies };
+  }
+
+  function committed(r: { counts: InboxCommitCounts; latencies: number[] }): void {
+    traced.committed(r.latencies);
+    addCounts(r.counts);
   }
 
   function addCounts(c: InboxCommitCounts): void {
@@ -323,7 +330,7 @@ export function createInboxConsumerWithTestHooks(
   async function applyAlone(m: InboxMessage): Promise<void> {
     for (let attempt = 1; ; attempt++) {
       try {
-        addCounts(await db.transaction().execute((trx) => applyChunk(trx, [m])));
+        committed(await db.transaction().execute((trx) => applyChunk(trx, [m])));
         return;
       } catch (err) {
         const retriable = mayRetry(err) || isRetriableSqlError(err);
@@ -346,7 +353,7 @@ export function createInboxConsumerWithTestHooks(
       if (!batch.isActive()) return;
       const chunk = messages.slice(i, i + chunkSize);
       try {
-        addCounts(await db.transaction().execute((trx) => applyChunk(trx, chunk)));
+        committed(await db.transaction().execute((trx) => applyChunk(trx, chunk)));
       } catch (err) {
         // Something in the chunk failed and the whole transaction rolled back: apply the
         // messages one by one so one bad message cannot hold back the others.

@@ -15,7 +15,9 @@ export interface ApplyTracing {
    * that enqueued the message (its `traceparent` header), so spans the handler starts join
    * the message's trace; then reports the message's publish-to-apply latency.
    */
-  run(m: InboxMessage, handle: () => Promise<void>): Promise<void>;
+  run(m: InboxMessage, handle: () => Promise<void>): Promise<number | undefined>;
+  /** Reports the publish-to-apply latencies `run` returned, once their transaction committed. */
+  committed(latencies: readonly number[]): void;
   readonly observed: Observations<InboxObservation>;
   /** Makes the consumer's observations findable by inboxMetrics; returns the consumer. */
   attach<T extends object>(consumer: T): T;
@@ -23,10 +25,11 @@ export interface ApplyTracing {
 
 export function applyTracing(groupId: string): ApplyTracing {
   const observed = observations<InboxObservation>();
-  const report = (m: InboxMessage) => {
-    if (m.timestamp === undefined || !Number.isFinite(m.timestamp)) return;
-    observed.emit({ publishToApplySeconds: Math.max(0, Date.now() - m.timestamp) / 1000 });
-  };
+  /** Seconds from the record's timestamp to now; undefined without a usable one (absent, -1 for "none"). */
+  const latency = (m: InboxMessage) =>
+    m.timestamp !== undefined && Number.isFinite(m.timestamp) && m.timestamp > 0
+      ? Math.max(0, Date.now() - m.timestamp) / 1000
+      : undefined;
   return {
     async run(m, handle) {
       if (!otel) {
@@ -53,7 +56,17 @@ export function applyTracing(groupId: string): ApplyTracing {
           handle,
         );
       }
-      report(m);
+      return latency(m);
+    },
+    committed(latencies) {
+      // Only now: a chunk that rolled back and was applied again one by one counts each message once.
+      for (const seconds of latencies) {
+        try {
+          observed.emit({ publishToApplySeconds: seconds });
+        } catch {
+          // a metrics listener's failure must not touch a committed transaction's outcome
+        }
+      }
     },
     observed,
     attach: (consumer) => withObservations(consumer, observed),

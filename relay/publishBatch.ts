@@ -84,7 +84,12 @@ export async function toMessages(
  */
 export async function publishWithRetry(c: PublishContext, batch: readonly Ready[]): Promise<void> {
   await inPublishSpan(batch, () => retrying(c, batch));
-  c.observed.emit(observeBatch(batch, Date.now()));
+  // After the broker's ack nothing may throw: the batch would count as failed and be sent again.
+  try {
+    c.observed.emit(observeBatch(batch, Date.now()));
+  } catch (err) {
+    c.log.warn({ err: (err as Error).message }, 'could not record the batch in the relay metrics');
+  }
 }
 
 async function retrying(c: PublishContext, batch: readonly Ready[]): Promise<void> {

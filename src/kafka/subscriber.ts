@@ -172,7 +172,8 @@ export function createKafkaSubscriber(options: KafkaSubscriberOptions): Subscrib
               key: m.key?.toString() ?? null,
               value: m.value,
               headers,
-              timestamp: Number(m.timestamp),
+              // Absent in old message formats; -1 is Kafka's "no timestamp".
+              ...(Number(m.timestamp) > 0 ? { timestamp: Number(m.timestamp) } : {}),
             };
           }),
           isActive: () => isRunning() && !isStale(),

@@ -131,8 +131,11 @@ export function prepareMessage(input: OutboxMessageInput, index: number, ctx: Pr
   const headers: Record<string, string> = { ...m.headers };
   if (m.traceparent) headers.traceparent = m.traceparent;
   // No trace context of the caller's: the active span's (a task update's, say) goes with the
-  // message, so its consumer's span joins the trace.
-  if (headers.traceparent === undefined) Object.assign(headers, activeTraceHeaders());
+  // message, so its consumer's span joins the trace. (With the API and a context manager but no
+  // SDK, the active context is the one a handler received: it is passed on as it came.)
+  // A caller that gave any trace header of its own (in any letter case) keeps exactly its own.
+  const callersTrace = Object.keys(headers).some((h) => /^trace(parent|state)$/i.test(h));
+  if (!callersTrace) Object.assign(headers, activeTraceHeaders());
   return {
     message_id: messageId,
     topic: m.topic,

@@ -123,32 +123,83 @@ export interface SpanOptions {
  * Runs `fn` inside a new active span (so spans it starts, and messages it enqueues, are its
  * children) and ends the span when `fn` settles. A throw sets the span's status to error and
  * `error.type` to the error's code. Without the API, `fn` runs with no span at all.
+ *
+ * The SDK is the application's code: a sampler or span processor that throws, or a tracer that
+ * never calls back, must not change what Cairn does. So the span is started with `startSpan`
+ * (nothing of Cairn's runs inside the tracer), `fn` runs exactly once whatever the tracer did,
+ * and every call on the span after that is guarded: an error in the tracer never replaces
+ * `fn`'s result, and never turns a committed change into a reported failure.
  */
-export function withSpan<T>(name: string, options: SpanOptions, fn: (span?: Span) => Promise<T>): Promise<T> {
+export async function withSpan<T>(
+  name: string,
+  options: SpanOptions,
+  fn: (span?: Span) => Promise<T>,
+): Promise<T> {
   const api = otel;
   if (!api) return fn(undefined);
-  const kind =
-    options.kind === 'producer'
-      ? api.SpanKind.PRODUCER
-      : options.kind === 'consumer'
-        ? api.SpanKind.CONSUMER
-        : api.SpanKind.INTERNAL;
-  const attributes: OtelApi.Attributes = {};
-  for (const [k, v] of Object.entries(options.attributes ?? {})) if (v !== undefined) attributes[k] = v;
-  return tracer(api).startActiveSpan(
-    name,
-    { kind, attributes, ...(options.links?.length ? { links: options.links } : {}) },
-    options.parent ?? api.context.active(),
-    async (span) => {
-      try {
-        return await fn(span);
-      } catch (err) {
-        span.setAttribute('error.type', errorType(err));
-        span.setStatus({ code: api.SpanStatusCode.ERROR });
-        throw err;
-      } finally {
-        span.end();
-      }
-    },
-  );
+  let span: Span | undefined;
+  let ctx: Context | undefined;
+  try {
+    const kind =
+      options.kind === 'producer'
+        ? api.SpanKind.PRODUCER
+        : options.kind === 'consumer'
+          ? api.SpanKind.CONSUMER
+          : api.SpanKind.INTERNAL;
+    const attributes: OtelApi.Attributes = {};
+    for (const [k, v] of Object.entries(options.attributes ?? {})) if (v !== undefined) attributes[k] = v;
+    const parent = options.parent ?? api.context.active();
+    span = tracer(api).startSpan(
+      name,
+      { kind, attributes, ...(options.links?.length ? { links: options.links } : {}) },
+      parent,
+    );
+    ctx = api.trace.setSpan(parent, span);
+  } catch {
+    span = undefined; // the tracer failed: the work runs without a span
+  }
+  const guarded = (f: () => void) => {
+    try {
+      f();
+    } catch {
+      // the tracer's failure is not Cairn's: nothing to do
+    }
+  };
+  // fn runs exactly once: in the span's context when the context manager calls it, or directly
+  // when a broken one throws before calling it or never calls it.
+  let ran = false;
+  const call = () => {
+    ran = true;
+    return fn(span);
+  };
+  let result: Promise<T>;
+  if (ctx) {
+    const active = ctx;
+    try {
+      result = api.context.with(active, call);
+    } catch (err) {
+      if (ran) result = Promise.reject(err);
+      else result = call();
+    }
+    if (!ran) result = call();
+  } else {
+    result = call();
+  }
+  try {
+    return await result;
+  } catch (err) {
+    if (span) {
+      const s = span;
+      guarded(() => {
+        s.setAttribute('error.type', errorType(err));
+        s.setStatus({ code: api.SpanStatusCode.ERROR });
+      });
+    }
+    throw err;
+  } finally {
+    if (span) {
+      const s = span;
+      guarded(() => s.end());
+    }
+  }
 }
