@@ -79,8 +79,10 @@ export function isAlive(pid: number): boolean {
 
 /** Fetches the broker's jars with Maven once; later runs reuse `.cairn/kafka/libs` and `~/.m2`. */
 export function fetchJars(log: (line: string) => void): void {
-  const marker = `kafka_2.13-${KAFKA_VERSION}.jar`;
-  if (existsSync(kafkaPaths.libs) && readdirSync(kafkaPaths.libs).includes(marker)) return;
+  // The folder is complete when it holds the broker and MirrorMaker 2 (added later: a folder
+  // fetched before that lacks it and is fetched again).
+  const markers = [`kafka_2.13-${KAFKA_VERSION}.jar`, `connect-mirror-${KAFKA_VERSION}.jar`];
+  if (existsSync(kafkaPaths.libs) && markers.every((m) => readdirSync(kafkaPaths.libs).includes(m))) return;
   log(`fetching Apache Kafka ${KAFKA_VERSION} jars from Maven Central (first run only)...`);
   rmSync(kafkaPaths.libs, { recursive: true, force: true });
   ensureDir(kafkaPaths.libs);
