@@ -6,11 +6,14 @@ import { printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
 const usage = `usage:
-  cairn failover check --topics T1,T2 [--group G=T1,T2 ...] [--hold] [--json]
+  cairn failover check --topics T1,T2 [--group G=T1,T2 ...] [--source-prefix A.] [--hold] [--json]
     Run on the promoted database before anything resumes: reports transitions a published
     message carries that the database lacks, and messages each group committed past without
     an inbox row here. Exit 1 if anything was lost. --hold quarantines those tasks: no
     transition and no new side effect until released.
+    --source-prefix A.: KAFKA_BROKERS is this region's own cluster, a MirrorMaker 2 mirror of the
+    lost region's; --topics and --group name the mirrored topics (A.T1). Also reports messages
+    the database says were published that the mirror lacks (published, never mirrored).
   cairn failover release <task> [--actor spiffe://...] [--json]`;
 
 export async function failoverCommand(argv: string[]): Promise<number> {
@@ -22,6 +25,7 @@ export async function failoverCommand(argv: string[]): Promise<number> {
       group: { type: 'string', multiple: true },
       json: { type: 'boolean' },
       hold: { type: 'boolean' },
+      'source-prefix': { type: 'string' },
       actor: { type: 'string', default: `spiffe://cairn.local/operator/${process.env.USER ?? 'unknown'}` },
     },
   });
@@ -48,6 +52,7 @@ export async function failoverCommand(argv: string[]): Promise<number> {
     const r = await checkAfterFailover(db, kafkaClient(kafkaBrokersFromEnv(), 'cairn-failover-check'), {
       topics,
       consumers,
+      ...(values['source-prefix'] ? { sourcePrefix: values['source-prefix'] } : {}),
     });
     const held = values.hold
       ? await quarantine(db, r.divergedTasks, { reason: 'failover check: lost work', actor: values.actor! })
@@ -57,6 +62,10 @@ export async function failoverCommand(argv: string[]): Promise<number> {
       for (const l of r.lostTransitions)
         console.log(
           `lost transition: ${l.taskId} is at version ${l.storedVersion ?? '(missing)'}, ${l.topic} carries version ${l.seenVersion} (${l.messageId})`,
+        );
+      for (const u of r.unmirroredMessages)
+        console.log(
+          `not mirrored: ${u.taskId} at version ${u.version} sent ${u.messageId}, on neither the mirror nor an inbox`,
         );
       for (const c of r.lostConsumptions)
         console.log(

@@ -1,5 +1,5 @@
 /**
- * `npm run failover -- [--mode sync|async] [--tasks 20] [--work-ms 200] [--timeout 120]`
+ * `npm run failover -- [--mode sync|async] [--kafka shared|per-region] [--tasks 20] [--work-ms 200] [--timeout 120]`
  *
  * Regional failover with real processes: region A (a throw-away Postgres primary, a relay,
  * four agents) is killed mid-workflow; region B (a streaming standby) is promoted, checked
@@ -24,18 +24,24 @@ is JSON; exit 1 on a violation.
 
 flags:
   --mode sync|async     the standby's replication (sync)
+  --kafka shared|per-region
+                        one broker for both regions (shared), or region B on its own
+                        broker (127.0.0.1:19892, CAIRN_FAILOVER_B_PORT) fed from region A's
+                        by MirrorMaker 2, paused shortly before the kill (per-region)
   --tasks N             tasks in flight when region A dies (20)
   --work-ms M           simulated agent work per step, in ms (200)
   --timeout S           give up after S seconds (120)
   --help                this text`,
   options: {
     mode: { type: 'string', default: 'sync' },
+    kafka: { type: 'string', default: 'shared' },
     tasks: { type: 'string', default: '20' },
     'work-ms': { type: 'string', default: '200' },
     timeout: { type: 'string', default: '120' },
   },
   schema: z.strictObject({
     mode: z.enum(['sync', 'async']),
+    kafka: z.enum(['shared', 'per-region']),
     tasks: numberFlag({ above: 0 }, { integer: true }),
     'work-ms': numberFlag({ atLeast: 0 }),
     timeout: numberFlag({ above: 0 }),
@@ -48,6 +54,7 @@ const r = await runFailover({
   tasks: args.tasks,
   workMs: args['work-ms'],
   kafkaBrokers: stack.kafkaBrokers,
+  kafka: args.kafka,
   timeoutS: args.timeout,
   log,
 });
@@ -64,18 +71,22 @@ console.log(
 );
 console.log(
   `lost in region B: ${r.report.lostTransitions.length} transitions, ${r.report.lostConsumptions.length} consumptions, ` +
-    `${r.report.missingReceipts.length} receipts; witness ${r.witness.lost}/${r.witness.acked}; held: ${r.report.divergedTasks.join(', ') || 'none'}`,
+    `${r.report.missingReceipts.length} receipts, ${r.report.unmirroredMessages.length} messages not mirrored` +
+    `${r.unmirrored === null ? '' : ` (${r.unmirrored} on A's broker only)`}; witness ${r.witness.lost}/${r.witness.acked}; held: ${r.report.divergedTasks.join(', ') || 'none'}`,
 );
 console.log(
   JSON.stringify({
     failover: true,
     mode: r.mode,
+    kafka: args.kafka,
     tasks: r.tasks,
     rto_ms: r.rtoMs,
     promote_ms: r.promoteMs,
     lost_transitions: r.report.lostTransitions.length,
     lost_consumptions: r.report.lostConsumptions.length,
     missing_receipts: r.report.missingReceipts.length,
+    unmirrored_detected: r.report.unmirroredMessages.length,
+    unmirrored_on_a: r.unmirrored,
     held_tasks: r.report.divergedTasks.length,
     witness_lost: r.witness.lost,
     tasks_behind: r.truth.tasksBehind.length,

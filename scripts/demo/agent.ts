@@ -36,6 +36,17 @@ const deployLeaseTtlMs = Number(process.env.DEMO_DEPLOY_LEASE_TTL_MS ?? 2000);
 /** When set, every transition also publishes an event (keyed by task, ordered by version) to this topic. */
 const eventsTopic = process.env.DEMO_EVENTS_TOPIC;
 const spec = ROLES[role];
+/**
+ * DEMO_MIRROR_PREFIX (the failover harness's region B on its own cluster): also consume the
+ * stage's topic as MirrorMaker 2 mirrored it (`A.<topic>`, messages published in region A) as
+ * well as the local one (published by this region's relay after the failover). Each task sends
+ * one message per stage, so order per key is not at stake between the two; a stale one is
+ * refused by the task's version (CAS), a re-delivered one by the inbox.
+ */
+const mirrorPrefix = process.env.DEMO_MIRROR_PREFIX;
+const topics = mirrorPrefix
+  ? [`${mirrorPrefix}${topicOf(run, spec.from)}`, topicOf(run, spec.from)]
+  : [topicOf(run, spec.from)];
 const actor = `spiffe://demo.cairn.local/agents/${role}`;
 const logger = createLogger({ name: `demo-${role}`, level: 'warn' });
 
@@ -110,7 +121,7 @@ const consumer = createInboxConsumer({
   subscriber: createKafkaSubscriber({
     brokers,
     groupId: `demo-${run}-${role}`,
-    topics: [topicOf(run, spec.from)],
+    topics,
     sessionTimeoutMs,
     onRestart: countConsumerRestarts(db, logger),
     logger,
@@ -173,5 +184,5 @@ await runUntilSigterm(consumer, {
   name: `demo ${role}`,
   db,
   groupId: `demo-${run}-${role}`,
-  topics: [topicOf(run, spec.from)],
+  topics,
 });

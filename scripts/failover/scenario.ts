@@ -19,13 +19,17 @@ import { type Sink, startSink } from '../lib/effectSink.js';
 import { type Child, sigkill, sigterm, spawnTs } from '../lib/spawnTs.js';
 import { cutOffRegionA } from './asyncLoss.js';
 import { regionATruth, snapshot, startWitness } from './evidence.js';
+import { lagMirror, MIRROR_PREFIX, mirrorTruth, startRegionB } from './perRegion.js';
 import { type PgServer, requireSynchronous, startPrimary, startStandby } from './pgCluster.js';
+import type { RegionKafka } from './regionKafka.js';
 
 export interface FailoverOptions {
   mode: 'sync' | 'async';
   tasks: number;
   workMs: number;
   kafkaBrokers: string;
+  /** shared: both regions use `kafkaBrokers`; per-region: B has its own, mirrored (perRegion.ts). */
+  kafka?: 'shared' | 'per-region';
   timeoutS: number;
   log: (line: string) => void;
   /** Called after the check, before region B starts: the promoted database's URL, the topics and groups. */
@@ -50,6 +54,8 @@ export interface FailoverResult {
   /** From region A's own data folder, restarted after the test: tasks whose version B lacked. */
   truth: { tasksBehind: string[]; falselyFlagged: string[] };
   resumed: number;
+  /** per-region: messages region A's broker has that the mirror lacked at the failover. */
+  unmirrored: number | null;
   checks: Check[];
   violations: number;
 }
@@ -82,6 +88,8 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
   const servers: PgServer[] = [];
   const dbs: Db[] = [];
   let sink: Sink | undefined;
+  let regionB: RegionKafka | undefined;
+  const perRegion = o.kafka === 'per-region';
   try {
     // --- regions ------------------------------------------------------------------------
     const a = await startPrimary(root, 'region_a');
@@ -120,10 +128,23 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       waitForLeaders: true,
     });
     await admin.disconnect();
+    const allTopics = [...stageTopics, witnessTopic];
+    if (perRegion) {
+      regionB = await startRegionB({
+        root,
+        run,
+        topics: allTopics,
+        sourceBrokers: o.kafkaBrokers,
+        kafkaOf: (b) => kafkaClient(b.split(','), 'cairn-failover'),
+        log: o.log,
+      });
+    }
+    const kafkaB = regionB ? kafkaClient([regionB.brokers], 'cairn-failover-b') : kafka;
     sink = await startSink();
     const regionEnv = (url: string, region: string) => ({
       DATABASE_URL: url,
-      KAFKA_BROKERS: o.kafkaBrokers,
+      KAFKA_BROKERS: region === 'b' && regionB ? regionB.brokers : o.kafkaBrokers,
+      ...(region === 'b' && regionB ? { DEMO_MIRROR_PREFIX: MIRROR_PREFIX } : {}),
       DEMO_RUN: run,
       SINK_URL: sink!.url,
       CAIRN_RELAY_LEASE_TTL_MS: '2000',
@@ -169,8 +190,11 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       });
     }
 
+    if (regionB) await lagMirror(regionB, () => demoProgress(dbA), waitUntil, o.log);
+
     // --- region A dies ----------------------------------------------------------------------
     const killedAt = Date.now();
+    regionB?.killMirror();
     await Promise.all([...regionA.map((c) => sigkill(c)), witness.stop(), a.crash()]);
     o.log(`[failover] region A killed (${regionA.length} processes SIGKILLed, primary stopped immediately)`);
     await b.promote();
@@ -182,19 +206,22 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     );
 
     // --- what did region B not receive? -------------------------------------------------------
+    // On its own cluster region B sees the mirror: the topics as MirrorMaker names them.
+    const seenAs = (t: string) => (regionB ? `${MIRROR_PREFIX}${t}` : t);
     const groups = ROLE_NAMES.map((r) => ({
       groupId: `demo-${run}-${r}`,
-      topics: [topicOf(run, ROLES[r].from)],
+      topics: [seenAs(topicOf(run, ROLES[r].from))],
     }));
-    const report = await checkAfterFailover(dbB, kafka, {
-      topics: [...stageTopics, witnessTopic],
+    const report = await checkAfterFailover(dbB, kafkaB, {
+      topics: allTopics.map(seenAs),
       consumers: groups,
+      ...(regionB ? { sourcePrefix: MIRROR_PREFIX } : {}),
       appliedEffects: [...sink.keysByOperation].flatMap(([taskId, keys]) =>
         [...keys].filter((k) => sink!.applied.has(k)).map((idempotencyKey) => ({ idempotencyKey, taskId })),
       ),
     });
     const checkedAt = Date.now();
-    await o.afterCheck?.(b.url('cairn'), [...stageTopics, witnessTopic], groups);
+    await o.afterCheck?.(b.url('cairn'), allTopics.map(seenAs), groups);
     const diverged = new Set(report.divergedTasks);
     await quarantine(dbB, report.divergedTasks, {
       reason: 'failover: region B lacks work the outside world saw',
@@ -206,7 +233,7 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     );
     o.log(
       `[failover] check: ${report.lostTransitions.length} lost transitions, ${report.lostConsumptions.length} lost consumptions, ` +
-        `${report.missingReceipts.length} missing receipts, ${diverged.size} tasks held; witness writes lost ${witnessLost} of ${witness.count()}`,
+        `${report.missingReceipts.length} missing receipts, ${report.unmirroredMessages.length} messages not mirrored, ${diverged.size} tasks held; witness writes lost ${witnessLost} of ${witness.count()}`,
     );
 
     // --- region B takes over: its processes, then every task resumed from its checkpoint ----
@@ -317,8 +344,15 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       });
     }
 
-    // --- the truth, from region A's own data folder ----------------------------------------------
+    // --- the truth, from region A's own data folder (and broker) ---------------------------------
     const truth = await regionATruth(root, atPromotion, report, o.log);
+    let unmirrored: number | null = null;
+    if (regionB) {
+      const m = await mirrorTruth(kafka, kafkaB, allTopics, report);
+      unmirrored = m.unmirrored;
+      checks.push(...m.checks);
+      o.log(`[failover] region A's broker: ${unmirrored} messages never reached the mirror`);
+    }
     if (o.mode === 'async') {
       // The witness's lost writes must show in region A's data too (the harness checks itself).
       const missed = witnessLost > 0 && !truth.tasksBehind.some((id) => id.startsWith('witness-')) ? 1 : 0;
@@ -341,6 +375,7 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       witness: { acked: witness.count(), lost: witnessLost },
       truth,
       resumed,
+      unmirrored,
       checks,
       violations,
     };
@@ -349,6 +384,7 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     for (const d of dbs) await d.destroy().catch(() => {});
     for (const s of servers) await s.stop();
     await sink?.close();
+    await regionB?.stop();
     rmSync(root, { recursive: true, force: true });
   }
 }

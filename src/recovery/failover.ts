@@ -6,6 +6,9 @@ import type { Db } from '../db/database.js';
 import { UnavailableError } from '../errors.js';
 import { optionsSchema, parseOptions } from '../options.js';
 import { HEADER } from '../outbox/wire.js';
+import { lostConsumptionsOnMirror, type UnmirroredMessage, unmirroredMessages } from './failoverMirror.js';
+
+export type { UnmirroredMessage } from './failoverMirror.js';
 
 /** A transition the broker saw (a message it caused) that the database no longer has. */
 export interface LostTransition {
@@ -48,6 +51,11 @@ export interface FailoverReport {
   lostTransitions: LostTransition[];
   lostConsumptions: LostConsumption[];
   missingReceipts: MissingReceipt[];
+  /**
+   * With `sourcePrefix` (a mirror): messages the database says were published that are neither
+   * on the mirror nor in an inbox, published in the lost region and never mirrored. Empty otherwise.
+   */
+  unmirroredMessages: UnmirroredMessage[];
   /** Tasks to hold for an operator: resuming them could repeat or skip work. */
   divergedTasks: string[];
 }
@@ -60,6 +68,13 @@ export interface FailoverCheckOptions {
   consumers?: ReadonlyArray<{ groupId: string; topics: readonly string[] }>;
   /** Effects the tool (or its log) reports as applied, if it can tell. */
   appliedEffects?: readonly AppliedEffect[];
+  /**
+   * The topics (and the groups' topics) are a mirror's, named `<sourcePrefix><source topic>`
+   * (MirrorMaker 2's `A.` for a source cluster aliased A): consumptions are matched by message
+   * id (the mirror's offsets are not the source's), and messages published but never mirrored
+   * are looked for (see failoverMirror.ts).
+   */
+  sourcePrefix?: string;
 }
 
 const topicList = z.array(z.string().min(1)).readonly();
@@ -74,6 +89,7 @@ const FailoverCheckOptionsSchema = optionsSchema<FailoverCheckOptions>()(
       .array(z.strictObject({ idempotencyKey: z.string().min(1), taskId: z.string().optional() }))
       .readonly()
       .optional(),
+    sourcePrefix: z.string().min(1).optional(),
   }),
 );
 
@@ -172,6 +188,7 @@ async function lostConsumptions(
   kafka: Kafka,
   messages: readonly SeenMessage[],
   consumers: ReadonlyArray<{ groupId: string; topics: readonly string[] }>,
+  sourcePrefix: string | undefined,
 ): Promise<LostConsumption[]> {
   const lost: LostConsumption[] = [];
   const admin = kafka.admin();
@@ -179,6 +196,22 @@ async function lostConsumptions(
   try {
     for (const c of consumers) {
       const committed = await admin.fetchOffsets({ groupId: c.groupId, topics: [...c.topics] });
+      if (sourcePrefix !== undefined) {
+        const past = committed.flatMap((t) =>
+          t.partitions
+            .filter((p) => Number(p.offset) >= 0)
+            .map((p) => ({
+              groupId: c.groupId,
+              topic: t.topic,
+              partition: p.partition,
+              next: BigInt(p.offset),
+            })),
+        );
+        for (const { message: m } of await lostConsumptionsOnMirror(db, past, messages)) {
+          lost.push({ groupId: c.groupId, taskId: m.taskId!, ...pick(m) });
+        }
+        continue;
+      }
       const held = await db
         .selectFrom('inbox')
         .select(['topic', 'partition', (eb) => eb.fn.max('offset').as('offset')])
@@ -214,6 +247,13 @@ async function lostConsumptions(
   return lost;
 }
 
+const pick = (m: SeenMessage) => ({
+  topic: m.topic,
+  partition: m.partition,
+  offset: m.offset,
+  messageId: m.messageId,
+});
+
 /**
  * Run on the promoted database after a regional failover, before anything resumes: compares
  * what the database holds with what the outside world already saw. With asynchronous
@@ -225,6 +265,11 @@ async function lostConsumptions(
  *
  * `appliedEffects`: what the tool (or its log) reports as applied, if it can tell; effects are
  * otherwise guarded by receipts and the tool's own idempotency keys.
+ *
+ * `sourcePrefix`: the promoted region reads its own cluster, a MirrorMaker 2 mirror of the
+ * lost region's. A message published there but not yet mirrored is invisible here like an
+ * unreplicated commit; when the database lacks its transition as well, the loss cannot be seen
+ * from this region at all, and when it has it, the task is held (`unmirroredMessages`).
  */
 export async function checkAfterFailover(
   db: Db,
@@ -289,8 +334,9 @@ export async function checkAfterFailover(
         ).map((r) => r.idempotency_key),
   );
   const missingReceipts: MissingReceipt[] = [];
-  const consumed = await lostConsumptions(db, kafka, messages, o.consumers ?? []);
-  const diverged = new Set([...lostTransitions, ...consumed].map((l) => l.taskId));
+  const consumed = await lostConsumptions(db, kafka, messages, o.consumers ?? [], o.sourcePrefix);
+  const unmirrored = o.sourcePrefix === undefined ? [] : await unmirroredMessages(db, messages);
+  const diverged = new Set([...lostTransitions, ...consumed, ...unmirrored].map((l) => l.taskId));
   for (const a of applied) {
     // A receipt in any state means the database knows of the effect: a started or uncertain
     // one is the ordinary crash that resume's reconcile settles. Only a missing row is a loss.
@@ -304,6 +350,7 @@ export async function checkAfterFailover(
     lostTransitions,
     lostConsumptions: consumed,
     missingReceipts,
+    unmirroredMessages: unmirrored,
     divergedTasks: [...diverged].sort(),
   };
 }

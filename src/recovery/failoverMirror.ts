@@ -1,0 +1,98 @@
+/**
+ * The failover check against a mirror (a second region's own Kafka cluster fed by MirrorMaker
+ * 2): the topics are read as the mirror names them (`A.<topic>`), while the database's inbox
+ * and outbox name the source topics and hold the source cluster's offsets.
+ *
+ * A message published in the lost region but not yet mirrored is invisible here, exactly like a
+ * commit that was not replicated: the broker the promoted region can reach never saw it. If the
+ * database also lacks the transition that sent it, nothing the promoted region holds shows the
+ * loss (only the lost region's own broker or data would). If the database has the transition,
+ * its latest checkpoint names the message as pending work; a message that is neither still in
+ * the outbox, nor on the mirror, nor in any inbox was published where it can no longer be read,
+ * and the task would wait for it forever: it is reported, and its task held.
+ */
+import { sql } from 'kysely';
+import type { Db } from '../db/database.js';
+import { TERMINAL } from '../state/transitions.js';
+import type { SeenMessage } from './failover.js';
+
+/** A message the database says was published (its outbox row is gone) that the mirror lacks. */
+export interface UnmirroredMessage {
+  taskId: string;
+  messageId: string;
+  /** The task version whose checkpoint names the message. */
+  version: number;
+}
+
+/** `A.cairn.tasks` -> `cairn.tasks` for prefix `A.`; a name without the prefix is its own. */
+export const sourceTopicOf = (topic: string, prefix: string) =>
+  topic.startsWith(prefix) ? topic.slice(prefix.length) : topic;
+
+/**
+ * Messages each group committed past on the mirror whose inbox row the database lacks. The
+ * mirror's offsets are not the source's (MirrorMaker translates committed offsets through its
+ * offset syncs, and conservatively: a translated offset may lag the source's), so messages are
+ * matched by their message id, not by offset. A lag only hides a loss from this check; a
+ * message the group is re-delivered is dropped by the inbox as already applied.
+ */
+export async function lostConsumptionsOnMirror(
+  db: Db,
+  committed: ReadonlyArray<{ groupId: string; topic: string; partition: number; next: bigint }>,
+  messages: readonly SeenMessage[],
+): Promise<Array<{ groupId: string; message: SeenMessage }>> {
+  const lost: Array<{ groupId: string; message: SeenMessage }> = [];
+  for (const groupId of new Set(committed.map((c) => c.groupId))) {
+    const past = messages.filter(
+      (m) =>
+        m.taskId &&
+        committed.some(
+          (c) =>
+            c.groupId === groupId &&
+            c.topic === m.topic &&
+            c.partition === m.partition &&
+            BigInt(m.offset) < c.next,
+        ),
+    );
+    if (past.length === 0) continue;
+    const held = new Set(
+      (
+        await db
+          .selectFrom('inbox')
+          .select('message_id')
+          .where('consumer_group', '=', groupId)
+          .where(
+            'message_id',
+            'in',
+            past.map((m) => m.messageId),
+          )
+          .execute()
+      ).map((r) => r.message_id),
+    );
+    for (const m of past) if (!held.has(m.messageId)) lost.push({ groupId, message: m });
+  }
+  return lost;
+}
+
+/**
+ * Messages the database's last transition of a live task sent (named by the checkpoint taken at
+ * that version), no longer queued in its outbox, that are neither on the mirror nor in any
+ * inbox: published in the lost region and never mirrored. Tasks whose latest checkpoint is
+ * older than their version are not judged (their pending messages are not known here).
+ */
+export async function unmirroredMessages(db: Db, seen: readonly SeenMessage[]): Promise<UnmirroredMessage[]> {
+  const rows = await sql<{ task_id: string; version: number; message_id: string }>`
+    SELECT s.task_id, s.version, w.value->>'message_id' AS message_id
+      FROM task_state s
+      JOIN LATERAL (SELECT state_version, doc FROM checkpoint c WHERE c.task_id = s.task_id
+                     ORDER BY seq DESC LIMIT 1) cp ON cp.state_version = s.version
+      CROSS JOIN LATERAL jsonb_array_elements(cp.doc->'pending_work') w
+     WHERE NOT (s.status::text = ANY(${[...TERMINAL]}::text[]))
+       AND w.value ? 'message_id'
+       AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.message_id::text = w.value->>'message_id')
+       AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.message_id::text = w.value->>'message_id')`.execute(db);
+  const onMirror = new Set(seen.map((m) => m.messageId));
+  return rows.rows
+    .filter((r) => !onMirror.has(r.message_id))
+    .map((r) => ({ taskId: r.task_id, messageId: r.message_id, version: r.version }))
+    .sort((a, b) => a.taskId.localeCompare(b.taskId));
+}
