@@ -32,11 +32,15 @@ export interface FailoverOptions {
   kafka?: 'shared' | 'per-region';
   timeoutS: number;
   log: (line: string) => void;
-  /** Called after the check, before region B starts: the promoted database's URL, the topics and groups. */
+  /**
+   * Called after the check, before region B starts: the promoted database's URL, the topics and
+   * groups as checked (mirrored names with per-region), and the brokers region B reads.
+   */
   afterCheck?: (
     databaseUrl: string,
     topics: string[],
     groups: Array<{ groupId: string; topics: string[] }>,
+    brokers: string,
   ) => Promise<void>;
 }
 
@@ -221,7 +225,7 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       ),
     });
     const checkedAt = Date.now();
-    await o.afterCheck?.(b.url('cairn'), allTopics.map(seenAs), groups);
+    await o.afterCheck?.(b.url('cairn'), allTopics.map(seenAs), groups, regionB?.brokers ?? o.kafkaBrokers);
     const diverged = new Set(report.divergedTasks);
     await quarantine(dbB, report.divergedTasks, {
       reason: 'failover: region B lacks work the outside world saw',
