@@ -7,9 +7,9 @@
  * commit that was not replicated: the broker the promoted region can reach never saw it. If the
  * database also lacks the transition that sent it, nothing the promoted region holds shows the
  * loss (only the lost region's own broker or data would). If the database has the transition,
- * its latest checkpoint names the message as pending work; a message that is neither still in
- * the outbox, nor on the mirror, nor in any inbox was published where it can no longer be read,
- * and the task would wait for it forever: it is reported, and its task held.
+ * its checkpoints at that version name the message as pending work; a message that is neither
+ * still in the outbox, nor on the mirror, nor in any inbox was published where it can no longer
+ * be read, and the task would wait for it forever: it is reported, and its task held.
  */
 import { sql } from 'kysely';
 import type { Db } from '../db/database.js';
@@ -74,24 +74,26 @@ export async function lostConsumptionsOnMirror(
 }
 
 /**
- * Messages the database's last transition of a live task sent (named by the checkpoint taken at
+ * Messages the database's last transition of a live task sent (named by the checkpoints taken at
  * that version), no longer queued in its outbox, that are neither on the mirror nor in any
- * inbox: published in the lost region and never mirrored. Tasks whose latest checkpoint is
- * older than their version are not judged (their pending messages are not known here).
+ * inbox: published in the lost region and never mirrored. Every checkpoint at the task's
+ * version counts, not only the latest: one taken later at the same version (a deploy's, say)
+ * was taken after the relay had published the message and no longer names it. Tasks without a
+ * checkpoint at their version are not judged (their pending messages are not known here).
  */
 export async function unmirroredMessages(db: Db, seen: readonly SeenMessage[]): Promise<UnmirroredMessage[]> {
   const rows = await sql<{ task_id: string; version: number; message_id: string }>`
     SELECT s.task_id, s.version, w.value->>'message_id' AS message_id
       FROM task_state s
-      JOIN LATERAL (SELECT state_version, doc FROM checkpoint c WHERE c.task_id = s.task_id
-                     ORDER BY seq DESC LIMIT 1) cp ON cp.state_version = s.version
+      JOIN checkpoint cp ON cp.task_id = s.task_id AND cp.state_version = s.version
       CROSS JOIN LATERAL jsonb_array_elements(cp.doc->'pending_work') w
      WHERE NOT (s.status::text = ANY(${[...TERMINAL]}::text[]))
        AND w.value ? 'message_id'
        AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.message_id::text = w.value->>'message_id')
        AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.message_id::text = w.value->>'message_id')`.execute(db);
   const onMirror = new Set(seen.map((m) => m.messageId));
-  return rows.rows
+  const once = new Map(rows.rows.map((r) => [r.message_id, r]));
+  return [...once.values()]
     .filter((r) => !onMirror.has(r.message_id))
     .map((r) => ({ taskId: r.task_id, messageId: r.message_id, version: r.version }))
     .sort((a, b) => a.taskId.localeCompare(b.taskId));
