@@ -187,29 +187,19 @@ async function lostConsumptions(
   db: Db,
   kafka: Kafka,
   messages: readonly SeenMessage[],
-  consumers: ReadonlyArray<{ groupId: string; topics: readonly string[] }>,
-  sourcePrefix: string | undefined,
+  o: {
+    consumers: ReadonlyArray<{ groupId: string; topics: readonly string[] }>;
+    sourcePrefix: string | undefined;
+  },
 ): Promise<LostConsumption[]> {
   const lost: LostConsumption[] = [];
   const admin = kafka.admin();
   await admin.connect();
   try {
-    for (const c of consumers) {
+    for (const c of o.consumers) {
       const committed = await admin.fetchOffsets({ groupId: c.groupId, topics: [...c.topics] });
-      if (sourcePrefix !== undefined) {
-        const past = committed.flatMap((t) =>
-          t.partitions
-            .filter((p) => Number(p.offset) >= 0)
-            .map((p) => ({
-              groupId: c.groupId,
-              topic: t.topic,
-              partition: p.partition,
-              next: BigInt(p.offset),
-            })),
-        );
-        for (const { message: m } of await lostConsumptionsOnMirror(db, past, messages)) {
-          lost.push({ groupId: c.groupId, taskId: m.taskId!, ...pick(m) });
-        }
+      if (o.sourcePrefix !== undefined) {
+        lost.push(...(await lostConsumptionsOnMirror(db, c.groupId, committed, messages)));
         continue;
       }
       const held = await db
@@ -246,13 +236,6 @@ async function lostConsumptions(
   }
   return lost;
 }
-
-const pick = (m: SeenMessage) => ({
-  topic: m.topic,
-  partition: m.partition,
-  offset: m.offset,
-  messageId: m.messageId,
-});
 
 /**
  * Run on the promoted database after a regional failover, before anything resumes: compares
@@ -334,7 +317,10 @@ export async function checkAfterFailover(
         ).map((r) => r.idempotency_key),
   );
   const missingReceipts: MissingReceipt[] = [];
-  const consumed = await lostConsumptions(db, kafka, messages, o.consumers ?? [], o.sourcePrefix);
+  const consumed = await lostConsumptions(db, kafka, messages, {
+    consumers: o.consumers ?? [],
+    sourcePrefix: o.sourcePrefix,
+  });
   const unmirrored = o.sourcePrefix === undefined ? [] : await unmirroredMessages(db, messages);
   const diverged = new Set([...lostTransitions, ...consumed, ...unmirrored].map((l) => l.taskId));
   for (const a of applied) {

@@ -14,7 +14,7 @@
 import { sql } from 'kysely';
 import type { Db } from '../db/database.js';
 import { TERMINAL } from '../state/transitions.js';
-import type { SeenMessage } from './failover.js';
+import type { LostConsumption, SeenMessage } from './failover.js';
 
 /** A message the database says was published (its outbox row is gone) that the mirror lacks. */
 export interface UnmirroredMessage {
@@ -24,12 +24,8 @@ export interface UnmirroredMessage {
   version: number;
 }
 
-/** `A.cairn.tasks` -> `cairn.tasks` for prefix `A.`; a name without the prefix is its own. */
-export const sourceTopicOf = (topic: string, prefix: string) =>
-  topic.startsWith(prefix) ? topic.slice(prefix.length) : topic;
-
 /**
- * Messages each group committed past on the mirror whose inbox row the database lacks. The
+ * Messages the group committed past on the mirror whose inbox row the database lacks. The
  * mirror's offsets are not the source's (MirrorMaker translates committed offsets through its
  * offset syncs, and conservatively: a translated offset may lag the source's), so messages are
  * matched by their message id, not by offset. A lag only hides a loss from this check; a
@@ -37,40 +33,49 @@ export const sourceTopicOf = (topic: string, prefix: string) =>
  */
 export async function lostConsumptionsOnMirror(
   db: Db,
-  committed: ReadonlyArray<{ groupId: string; topic: string; partition: number; next: bigint }>,
+  groupId: string,
+  committed: ReadonlyArray<{
+    topic: string;
+    partitions: ReadonlyArray<{ partition: number; offset: string }>;
+  }>,
   messages: readonly SeenMessage[],
-): Promise<Array<{ groupId: string; message: SeenMessage }>> {
-  const lost: Array<{ groupId: string; message: SeenMessage }> = [];
-  for (const groupId of new Set(committed.map((c) => c.groupId))) {
-    const past = messages.filter(
-      (m) =>
-        m.taskId &&
-        committed.some(
-          (c) =>
-            c.groupId === groupId &&
-            c.topic === m.topic &&
-            c.partition === m.partition &&
-            BigInt(m.offset) < c.next,
-        ),
-    );
-    if (past.length === 0) continue;
-    const held = new Set(
-      (
-        await db
-          .selectFrom('inbox')
-          .select('message_id')
-          .where('consumer_group', '=', groupId)
-          .where(
-            'message_id',
-            'in',
-            past.map((m) => m.messageId),
-          )
-          .execute()
-      ).map((r) => r.message_id),
-    );
-    for (const m of past) if (!held.has(m.messageId)) lost.push({ groupId, message: m });
-  }
-  return lost;
+): Promise<LostConsumption[]> {
+  const next = new Map(
+    committed.flatMap((t) =>
+      t.partitions
+        .filter((p) => Number(p.offset) >= 0)
+        .map((p) => [`${t.topic}/${p.partition}`, BigInt(p.offset)] as const),
+    ),
+  );
+  const past = messages.filter((m) => {
+    const n = next.get(`${m.topic}/${m.partition}`);
+    return m.taskId !== null && n !== undefined && BigInt(m.offset) < n;
+  });
+  if (past.length === 0) return [];
+  const held = new Set(
+    (
+      await db
+        .selectFrom('inbox')
+        .select('message_id')
+        .where('consumer_group', '=', groupId)
+        .where(
+          'message_id',
+          'in',
+          past.map((m) => m.messageId),
+        )
+        .execute()
+    ).map((r) => r.message_id),
+  );
+  return past
+    .filter((m) => !held.has(m.messageId))
+    .map((m) => ({
+      groupId,
+      taskId: m.taskId!,
+      topic: m.topic,
+      partition: m.partition,
+      offset: m.offset,
+      messageId: m.messageId,
+    }));
 }
 
 /**
