@@ -21,5 +21,7 @@ export function exitCodeFor(err: unknown): number {
   if (!(err instanceof CairnError)) return ExitCode.failed;
   if (err.code === 'configuration' || err.code === 'topic_missing') return ExitCode.configuration;
   if (err.code === 'usage') return ExitCode.usage;
+  // An outage concluded nothing: a script must be able to tell it from a finding (exit 1).
+  if (err.code === 'unavailable') return ExitCode.unavailable;
   return ExitCode.failed;
 }

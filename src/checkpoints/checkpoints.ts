@@ -146,7 +146,16 @@ export function createCheckpointerWithTestHooks(
 
   async function pendingWork(trx: Executor, taskId: string) {
     const [messages, leases, receipts] = await Promise.all([
-      trx.selectFrom('outbox').select('message_id').where('key', '=', taskId).orderBy('id').execute(),
+      // This task's messages: those its changes enqueued (task_id), and untagged ones keyed by it
+      // of its own tenant. Never by key alone: another tenant may key a message by this task's id.
+      sql<{ message_id: string }>`
+        SELECT o.message_id FROM outbox o
+         WHERE o.task_id = ${taskId}
+            OR (o.task_id IS NULL AND o.key = ${taskId}
+                AND coalesce(o.tenant_id, '') = (SELECT t.tenant_id FROM task_state t WHERE t.task_id = ${taskId}))
+         ORDER BY o.id`
+        .execute(trx)
+        .then((r) => r.rows),
       sql<{ holder: string; lease_id: string }>`
         SELECT holder, lease_id FROM task_lease WHERE task_id = ${taskId} AND holder IS NOT NULL AND expires_at > now()
       `.execute(trx),

@@ -52,22 +52,17 @@ export async function lostConsumptionsOnMirror(
     return m.taskId !== null && n !== undefined && BigInt(m.offset) < n;
   });
   if (past.length === 0) return [];
-  const held = new Set(
-    (
-      await db
-        .selectFrom('inbox')
-        .select('message_id')
-        .where('consumer_group', '=', groupId)
-        .where(
-          'message_id',
-          'in',
-          past.map((m) => m.messageId),
-        )
-        .execute()
-    ).map((r) => r.message_id),
+  // Message ids are unique per tenant: a row of another tenant with the same id is not this one.
+  // One array parameter, however many messages the group passed (one per id would stop at 65,535).
+  const key = (tenant: string | null, id: string) => `${tenant ?? ''}\u0000${id}`;
+  const { rows } = await sql<{ tenant_id: string | null; message_id: string }>`
+    SELECT tenant_id, message_id FROM inbox
+     WHERE consumer_group = ${groupId} AND message_id = ANY(${past.map((m) => m.messageId)}::text[])`.execute(
+    db,
   );
+  const held = new Set(rows.map((r) => key(r.tenant_id, r.message_id)));
   return past
-    .filter((m) => !held.has(m.messageId))
+    .filter((m) => !held.has(key(m.tenant, m.messageId)))
     .map((m) => ({
       groupId,
       taskId: m.taskId!,
@@ -80,26 +75,36 @@ export async function lostConsumptionsOnMirror(
 
 /**
  * Messages the database's last transition of a live task sent (named by the checkpoints taken at
- * that version), no longer queued in its outbox, that are neither on the mirror nor in any
- * inbox: published in the lost region and never mirrored. Every checkpoint at the task's
- * version counts, not only the latest: one taken later at the same version (a deploy's, say)
- * was taken after the relay had published the message and no longer names it. Tasks without a
- * checkpoint at their version are not judged (their pending messages are not known here).
+ * that version), no longer queued in its outbox, that are neither on the mirror nor in an inbox
+ * of one of `groups` (the consumer groups the operator named): published in the lost region and
+ * never mirrored. Every checkpoint at the task's version counts, not only the latest: one taken
+ * later at the same version (a deploy's, say) was taken after the relay had published the
+ * message and no longer names it. Every match is by tenant and id (ids are unique per tenant).
+ *
+ * Not judged: tasks without a checkpoint at their version (a store without a checkpointer, a
+ * transition that passed no boundary), whose pending messages are not known here. An inbox row
+ * of a group that was not named (an observer's) does not count as delivered.
  */
-export async function unmirroredMessages(db: Db, seen: readonly SeenMessage[]): Promise<UnmirroredMessage[]> {
-  const rows = await sql<{ task_id: string; version: number; message_id: string }>`
-    SELECT s.task_id, s.version, w.value->>'message_id' AS message_id
+export async function unmirroredMessages(
+  db: Db,
+  seen: readonly SeenMessage[],
+  groups: readonly string[] = [],
+): Promise<UnmirroredMessage[]> {
+  const rows = await sql<{ task_id: string; tenant_id: string; version: number; message_id: string }>`
+    SELECT DISTINCT s.task_id, s.tenant_id, s.version, w.value->>'message_id' AS message_id
       FROM task_state s
       JOIN checkpoint cp ON cp.task_id = s.task_id AND cp.state_version = s.version
       CROSS JOIN LATERAL jsonb_array_elements(cp.doc->'pending_work') w
      WHERE NOT (s.status::text = ANY(${[...TERMINAL]}::text[]))
        AND w.value ? 'message_id'
-       AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.message_id::text = w.value->>'message_id')
-       AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.message_id::text = w.value->>'message_id')`.execute(db);
-  const onMirror = new Set(seen.map((m) => m.messageId));
-  const once = new Map(rows.rows.map((r) => [r.message_id, r]));
-  return [...once.values()]
-    .filter((r) => !onMirror.has(r.message_id))
+       AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.message_id::text = w.value->>'message_id'
+                         AND coalesce(o.tenant_id, '') = s.tenant_id)
+       AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.message_id = w.value->>'message_id'
+                         AND coalesce(i.tenant_id, '') = s.tenant_id
+                         AND i.consumer_group = ANY(${[...groups]}::text[]))`.execute(db);
+  const onMirror = new Set(seen.map((m) => `${m.tenant ?? ''}\u0000${m.messageId}`));
+  return rows.rows
+    .filter((r) => !onMirror.has(`${r.tenant_id}\u0000${r.message_id}`))
     .map((r) => ({ taskId: r.task_id, messageId: r.message_id, version: r.version }))
-    .sort((a, b) => a.taskId.localeCompare(b.taskId));
+    .sort((a, b) => a.taskId.localeCompare(b.taskId) || a.messageId.localeCompare(b.messageId));
 }
