@@ -90,6 +90,7 @@ export {
   type MissingReceipt,
   quarantine,
   releaseQuarantine,
+  type UnmirroredMessage,
 } from './recovery/failover.js';
 export {
   type Policy,
