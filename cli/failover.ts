@@ -13,7 +13,10 @@ const usage = `usage:
     transition and no new side effect until released.
     --source-prefix A.: KAFKA_BROKERS is this region's own cluster, a MirrorMaker 2 mirror of the
     lost region's; --topics and --group name the mirrored topics (A.T1). Also reports messages
-    the database says were published that the mirror lacks (published, never mirrored).
+    the database says were published that the mirror lacks (published, never mirrored), as far
+    as checkpoints tell: a task without a checkpoint at its version is not judged. Stop
+    MirrorMaker first: a message it copies after the check is not a loss. A message published
+    in the lost region that this database has no trace of cannot be seen from here at all.
   cairn failover release <task> [--actor spiffe://...] [--json]`;
 
 export async function failoverCommand(argv: string[]): Promise<number> {
@@ -73,7 +76,9 @@ export async function failoverCommand(argv: string[]): Promise<number> {
         );
       console.log(
         r.divergedTasks.length === 0
-          ? 'nothing lost: the database has everything the broker saw'
+          ? values['source-prefix']
+            ? 'nothing lost that this region can see: the database has everything the mirror holds, and every message its checkpoints name is on the mirror or applied'
+            : 'nothing lost: the database has everything the broker saw'
           : `${values.hold ? `quarantined ${held} task(s)` : 'hold these tasks (--hold)'}: ${r.divergedTasks.join(', ')}`,
       );
     }
