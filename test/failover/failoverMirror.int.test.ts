@@ -10,7 +10,7 @@ import { laneOf } from '../../src/outbox/lanes.js';
 import type { SeenMessage } from '../../src/recovery/failover.js';
 import { lostConsumptionsOnMirror, unmirroredMessages } from '../../src/recovery/failoverMirror.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
-import { AGENT, newTask } from '../state/fixtures.js';
+import { AGENT, newTask, planApproved } from '../state/fixtures.js';
 import { twoTenants } from '../support/tenants.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
@@ -38,11 +38,7 @@ async function publishedTransition(taskId: string): Promise<string> {
   const r = await store.update({
     taskId,
     expectedVersion: 1,
-    patch: {
-      status: 'implementing',
-      gates: { plan_approved: true },
-      artifacts: { implementation_plan: 's3://p/1' },
-    },
+    patch: planApproved('s3://p/1'),
     actor: AGENT,
     reason: 'plan approved',
     messages: [{ topic: 'cairn.tasks', payload: { stage: 'implementing' } }],
@@ -80,11 +76,7 @@ describe('unmirroredMessages: a message published in region A that never reached
     await store.update({
       taskId: 'M-2',
       expectedVersion: 1,
-      patch: {
-        status: 'implementing',
-        gates: { plan_approved: true },
-        artifacts: { implementation_plan: 's3://p/2' },
-      },
+      patch: planApproved('s3://p/2'),
       actor: AGENT,
       reason: 'plan approved',
     });

@@ -5,7 +5,7 @@ import { replayAudit } from '../../src/state/replay.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { TRANSITIONS } from '../../src/state/transitions.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
-import { AGENT, newTask } from './fixtures.js';
+import { AGENT, newTask, planApproved } from './fixtures.js';
 
 let tdb: TestDatabase;
 let store: TaskStore;
@@ -34,11 +34,7 @@ describe('TaskState store on real Postgres', () => {
     const r = await store.update({
       taskId: 'basic',
       expectedVersion: 1,
-      patch: {
-        status: 'implementing',
-        gates: { plan_approved: true },
-        artifacts: { implementation_plan: 's3://plans/1' },
-      },
+      patch: planApproved('s3://plans/1'),
       actor: AGENT,
       reason: 'plan approved',
     });

@@ -14,7 +14,7 @@ import { createRelay } from '../../relay/relay.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
-import { AGENT, newTask } from '../state/fixtures.js';
+import { AGENT, newTask, planApproved } from '../state/fixtures.js';
 import {
   createTestDatabase,
   createTestTopic,
@@ -62,11 +62,7 @@ describe('one task update through the relay and an inbox consumer is one trace',
         return await store.update({
           taskId: 'traced',
           expectedVersion: 1,
-          patch: {
-            status: 'implementing',
-            gates: { plan_approved: true },
-            artifacts: { implementation_plan: 's3://plans/1' },
-          },
+          patch: planApproved('s3://plans/1'),
           actor: AGENT,
           reason: 'plan approved',
           messages: [{ topic, payload: { secret: 'never-in-a-span' } }],

@@ -12,7 +12,7 @@ import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { laneOf } from '../../src/outbox/lanes.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
-import { AGENT, newTask } from '../state/fixtures.js';
+import { AGENT, newTask, planApproved } from '../state/fixtures.js';
 import { twoTenants } from '../support/tenants.js';
 import {
   createTestDatabase,
@@ -85,11 +85,7 @@ describe('a tracer that fails changes nothing Cairn does', () => {
       const r = await store.update({
         taskId: id,
         expectedVersion: 1,
-        patch: {
-          status: 'implementing',
-          gates: { plan_approved: true },
-          artifacts: { implementation_plan: 's3://p/1' },
-        },
+        patch: planApproved('s3://p/1'),
         actor: AGENT,
         reason: 'plan approved',
         messages: [
