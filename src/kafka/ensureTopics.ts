@@ -1,5 +1,5 @@
 import type { Admin, ITopicConfig } from 'kafkajs';
-import { TopicMissingError } from '../errors.js';
+import { TopicMissingError, UnavailableError } from '../errors.js';
 
 /** How to create the topics a subscriber finds missing. */
 export interface CreateTopicsOptions {
@@ -89,7 +89,7 @@ export async function createTopicsAndWait(
       if ((err as { retriable?: unknown }).retriable !== true || Date.now() > until) throw err;
     }
     if (Date.now() > until)
-      throw new Error(`topics ${names.join(', ')} have no leader after ${deadlineMs} ms`);
+      throw new UnavailableError(`topics ${names.join(', ')} have no leader after ${deadlineMs} ms`);
     await new Promise((r) => setTimeout(r, 100));
   }
 }
