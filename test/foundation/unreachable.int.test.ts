@@ -25,7 +25,8 @@ describe('unreachable services give one-shot commands a clear error, not a hang'
       () => ({ code: 0, stderr: '' }),
       (err: { code: number; stderr: string }) => err,
     );
-    expect(result.code).toBe(1);
+    // An outage concluded nothing: EX_TEMPFAIL, run it again (a finding or failure is 1).
+    expect(result.code).toBe(ExitCode.unavailable);
     expect(result.stderr).toContain('cannot reach Postgres at postgres://cairn:***@127.0.0.1:1/nowhere');
     expect(result.stderr).toContain('set DATABASE_URL');
     expect(result.stderr).not.toContain('s3cret');
