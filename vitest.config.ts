@@ -40,6 +40,24 @@ export default defineConfig({
           fileParallelism: false,
         },
       },
+      // Broker failure on a three-node cluster (`npm run test:cluster`): kept out of `npm test`
+      // while an order violation it found once under two brokers down is open (see README).
+      ...(process.env.CAIRN_CLUSTER_TESTS === '1'
+        ? [
+            {
+              test: {
+                name: 'cluster',
+                sequence: { groupOrder: 3 },
+                include: ['test/**/*.cluster.test.ts'],
+                globalSetup: ['test/support/globalSetup.ts'],
+                testTimeout: 600_000,
+                hookTimeout: 300_000,
+                maxWorkers: 1,
+                fileParallelism: false,
+              },
+            },
+          ]
+        : []),
     ],
   },
 });
