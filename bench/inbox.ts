@@ -9,6 +9,7 @@ import { randomUUID } from 'node:crypto';
 import { Partitioners } from 'kafkajs';
 import { v7 as uuidv7 } from 'uuid';
 import { createInboxConsumer } from '../consumers/inboxConsumer.js';
+import { createTopicsAndWait } from '../src/kafka/ensureTopics.js';
 import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../src/kafka/subscriber.js';
 import { cpuDuring, cpuLine, cpuPerMsg, cpuSources } from './cpu.js';
@@ -24,7 +25,7 @@ export async function benchInbox(args: string[]): Promise<Record<string, unknown
   const topic = `bench.inbox.${Date.now()}`;
   const admin = kafka.admin();
   await admin.connect();
-  await admin.createTopics({ topics: [{ topic, numPartitions: 6 }], waitForLeaders: true });
+  await createTopicsAndWait(admin, [{ topic, numPartitions: 6 }]);
   const cpuSrc = await cpuSources(env);
   try {
     const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });

@@ -10,6 +10,7 @@
 import { Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
 import { createRelay } from '../relay/relay.js';
+import { createTopicsAndWait } from '../src/kafka/ensureTopics.js';
 import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { commitToAck } from './commitToAck.js';
 import { cpuDuring, cpuLine, cpuPerMsg, cpuSources } from './cpu.js';
@@ -32,10 +33,10 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
     steady: `bench.steady.${stamp}`,
     raw: `bench.raw.${stamp}`,
   };
-  await admin.createTopics({
-    topics: Object.values(topics).map((topic) => ({ topic, numPartitions: 6 })),
-    waitForLeaders: true,
-  });
+  await createTopicsAndWait(
+    admin,
+    Object.values(topics).map((topic) => ({ topic, numPartitions: 6 })),
+  );
   const cpuSrc = await cpuSources(env);
   try {
     // (c2) raw Postgres insert loop: the backlog itself, 1,000 rows per transaction.

@@ -5,6 +5,7 @@
  * also reports CPU µs per message (per commit) of Node, the database's backends and the broker.
  */
 import { sql } from 'kysely';
+import { createTopicsAndWait } from '../src/kafka/ensureTopics.js';
 import { kafkaClient } from '../src/kafka/publisher.js';
 import { OUTBOX_CHANNEL } from '../src/outbox/outbox.js';
 import { commitToAck } from './commitToAck.js';
@@ -19,7 +20,7 @@ export async function benchWakeup(args: string[]): Promise<Record<string, unknow
   const topic = `bench.wakeup.${Date.now()}`;
   const admin = kafkaClient(brokers, 'bench-wakeup').admin();
   await admin.connect();
-  await admin.createTopics({ topics: [{ topic, numPartitions: 3 }], waitForLeaders: true });
+  await createTopicsAndWait(admin, [{ topic, numPartitions: 3 }]);
   const cpuSrc = await cpuSources(env);
   try {
     const run = (mode: 'poll-5ms' | 'poll-200ms' | 'notify') =>

@@ -6,7 +6,7 @@ import { isConfigurationSqlError, isRetriableSqlError } from '../src/db/sqlstate
 import type { Database } from '../src/db/types.js';
 import { mayRetry, messageOf } from '../src/errors.js';
 import type { Publisher } from '../src/kafka/publisher.js';
-import type { ReceivedBatch, ReceivedMessage, Subscriber } from '../src/kafka/subscriber.js';
+import type { ReceivedBatch, Subscriber } from '../src/kafka/subscriber.js';
 import { type Logger, silentLogger } from '../src/logger.js';
 import { parseOptions } from '../src/options.js';
 import { DLQ_HEADER, HEADER } from '../src/outbox/wire.js';
@@ -18,32 +18,9 @@ import { appliedBy, inboxKey, insertInboxRows } from './sql/insertInboxRows.js';
 import { pruneInbox } from './sql/pruneInbox.js';
 import { recordDeadLetter } from './sql/recordDeadLetter.js';
 
-/**
- * A message as the handler sees it: Kafka's coordinates and bytes, and what Cairn's headers
- * say about it.
- */
-export interface InboxMessage {
-  /** The `cairn-message-id` header, or topic:partition:offset for messages from outside Cairn. */
-  messageId: string;
-  topic: string;
-  partition: number;
-  offset: string;
-  key: string | null;
-  headers: Readonly<Record<string, string>>;
-  value: Buffer | null;
-  /** The Kafka record's timestamp, in ms since the epoch. */
-  timestamp?: number;
-  /** The tenant whose message it is (`cairn-tenant`, set by the relay from the outbox row). */
-  tenantId: string | undefined;
-  /** The task whose change caused the message (`cairn-task-id`), when it has one. */
-  taskId: string | undefined;
-  /** The task version that caused the message (`cairn-task-version`), when it has one. */
-  taskVersion: number | undefined;
-  /** The message's place among the messages of that change (`cairn-task-seq`), from 0. */
-  taskSeq: number;
-  /** The value parsed as JSON (null for an empty value). */
-  json<T = unknown>(): T;
-}
+export { type InboxMessage, toInboxMessage } from './inboxMessage.js';
+
+import { type InboxMessage, toInboxMessage } from './inboxMessage.js';
 
 /**
  * Runs inside the transaction that also records the message as applied: write your effects
@@ -159,28 +136,6 @@ export interface InboxConsumer {
 }
 
 const SEVEN_DAYS_MS = 7 * 24 * 3600 * 1000;
-
-const count = (v: string | undefined) => (v !== undefined && /^\d{1,15}$/.test(v) ? Number(v) : undefined);
-
-export function toInboxMessage(m: ReceivedMessage): InboxMessage {
-  return {
-    messageId: m.headers[HEADER.messageId] ?? `${m.topic}:${m.partition}:${m.offset}`,
-    topic: m.topic,
-    partition: m.partition,
-    offset: m.offset,
-    key: m.key,
-    headers: m.headers,
-    value: m.value,
-    timestamp: m.timestamp,
-    tenantId: m.headers[HEADER.tenant] || undefined,
-    taskId: m.headers[HEADER.taskId] || undefined,
-    taskVersion: count(m.headers[HEADER.taskVersion]),
-    taskSeq: count(m.headers[HEADER.taskSeq]) ?? 0,
-    json<T>() {
-      return JSON.parse(m.value?.toString('utf8') ?? 'null') as T;
-    },
-  };
-}
 
 /**
  * Makes an inbox consumer; nothing connects until run(). Call stop() to end it. Name your

@@ -1,6 +1,6 @@
 import { type Observations, observations, withObservations } from '../src/metrics/observations.js';
 import { contextFromHeaders, otel, withSpan } from '../src/tracing/otel.js';
-import type { InboxMessage } from './inboxConsumer.js';
+import type { InboxMessage } from './inboxMessage.js';
 
 /** What an inbox consumer observes for its histograms, once per message its handler applied. */
 export interface InboxObservation {

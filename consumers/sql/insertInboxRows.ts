@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import type { Executor, Trx } from '../../src/db/executor.js';
-import type { InboxMessage } from '../inboxConsumer.js';
+import type { InboxMessage } from '../inboxMessage.js';
 
 type Recorded = Pick<InboxMessage, 'messageId' | 'tenantId' | 'topic' | 'partition' | 'offset' | 'key'>;
 

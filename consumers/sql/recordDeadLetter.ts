@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import type { Trx } from '../../src/db/executor.js';
-import type { InboxMessage } from '../inboxConsumer.js';
+import type { InboxMessage } from '../inboxMessage.js';
 
 /**
  * Marks the message handled (as dead-lettered) and keeps it for `cairn inbox replay`; never

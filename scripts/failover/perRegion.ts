@@ -14,6 +14,7 @@
  * topics; the local topics start from their beginning. The inbox drops what is re-delivered.
  */
 import type { Kafka } from 'kafkajs';
+import { createTopicsAndWait } from '../../src/kafka/ensureTopics.js';
 import type { FailoverReport } from '../../src/recovery/failover.js';
 import { readTopicsToEnd } from '../../src/recovery/failover.js';
 import type { Check } from '../demo/verify.js';
@@ -42,10 +43,10 @@ export async function startRegionB(o: {
     await admin.connect();
     try {
       // The local names, for region B's relay after the failover (3 partitions, as on A).
-      await admin.createTopics({
-        topics: o.topics.map((topic) => ({ topic, numPartitions: 3 })),
-        waitForLeaders: true,
-      });
+      await createTopicsAndWait(
+        admin,
+        o.topics.map((topic) => ({ topic, numPartitions: 3 })),
+      );
       const until = Date.now() + 90_000;
       for (;;) {
         const have = new Set(await admin.listTopics());

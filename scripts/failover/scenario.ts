@@ -5,6 +5,7 @@ import { sql } from 'kysely';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { createDb, type Db } from '../../src/db/database.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
+import { createTopicsAndWait } from '../../src/kafka/ensureTopics.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';
@@ -127,10 +128,10 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     const kafka = kafkaClient(o.kafkaBrokers.split(','), 'cairn-failover');
     const admin = kafka.admin();
     await admin.connect();
-    await admin.createTopics({
-      topics: [...stageTopics, witnessTopic].map((topic) => ({ topic, numPartitions: 3 })),
-      waitForLeaders: true,
-    });
+    await createTopicsAndWait(
+      admin,
+      [...stageTopics, witnessTopic].map((topic) => ({ topic, numPartitions: 3 })),
+    );
     await admin.disconnect();
     const allTopics = [...stageTopics, witnessTopic];
     if (perRegion) {

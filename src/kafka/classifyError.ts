@@ -1,3 +1,5 @@
+import { UnavailableError } from '../errors.js';
+
 /**
  * Broker answers that mean "this message will never be accepted as it is": retrying is
  * pointless, so the relay parks the message's key. Everything else (broker down, no leader,
@@ -40,4 +42,18 @@ export function isKafkaConfigurationError(err: unknown): boolean {
     e = (e as { cause?: unknown }).cause;
   }
   return false;
+}
+
+/**
+ * Connects a kafkajs client (an admin, say) for a one-shot job: a broker that does not answer
+ * is an outage (UnavailableError, exit 75), never an answer; a setting that can never work
+ * (isKafkaConfigurationError) is thrown as it is.
+ */
+export async function connectOrUnavailable(client: { connect(): Promise<void> }, job: string): Promise<void> {
+  try {
+    await client.connect();
+  } catch (err) {
+    if (isKafkaConfigurationError(err)) throw err;
+    throw new UnavailableError(`the broker did not answer ${job}: ${(err as Error).message}`, err);
+  }
 }

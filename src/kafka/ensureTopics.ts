@@ -37,14 +37,14 @@ export async function ensureTopics(
   }
   try {
     // false when another process created them first: they exist, which is all we need.
-    await admin.createTopics({
-      topics: missing.map((topic) => ({
+    await createTopicsAndWait(
+      admin,
+      missing.map((topic) => ({
         topic,
         numPartitions: create.numPartitions,
         ...(create.replicationFactor === undefined ? {} : { replicationFactor: create.replicationFactor }),
       })),
-      waitForLeaders: true,
-    });
+    );
   } catch (err) {
     if (!refusedForGood(err)) throw err; // an outage: the caller waits and tries again
     throw new TopicMissingError(

@@ -4,7 +4,7 @@ import pRetry from 'p-retry';
 import { z } from 'zod';
 import type { Db } from '../db/database.js';
 import { UnavailableError } from '../errors.js';
-import { isKafkaConfigurationError } from '../kafka/classifyError.js';
+import { connectOrUnavailable } from '../kafka/classifyError.js';
 import { optionsSchema, parseOptions } from '../options.js';
 import { HEADER } from '../outbox/wire.js';
 import { lostConsumptionsOnMirror, type UnmirroredMessage, unmirroredMessages } from './failoverMirror.js';
@@ -106,19 +106,6 @@ export interface SeenMessage {
   messageId: string;
 }
 
-/** Connects an admin client; a broker that does not answer is an outage (UnavailableError), not an answer. */
-async function connectAdmin(admin: { connect(): Promise<void> }): Promise<void> {
-  try {
-    await admin.connect();
-  } catch (err) {
-    if (isKafkaConfigurationError(err)) throw err; // credentials, a bad address: waiting will not help
-    throw new UnavailableError(
-      `the broker did not answer the failover check: ${(err as Error).message}`,
-      err,
-    );
-  }
-}
-
 /** Reads every message already on `topics`, up to each partition's end at the time of the call. */
 export async function readTopicsToEnd(
   kafka: Kafka,
@@ -129,7 +116,7 @@ export async function readTopicsToEnd(
   // No retries inside kafkajs: it would turn a retriable "not the leader" into a
   // non-retriable "retries exceeded" before the retry below could see it.
   const admin = kafka.admin({ retry: { retries: 0 } });
-  await connectAdmin(admin);
+  await connectOrUnavailable(admin, 'the failover check');
   const remaining = new Map<string, bigint>(); // "topic/partition" -> last offset to read
   try {
     for (const topic of topics) {
@@ -208,7 +195,7 @@ async function lostConsumptions(
 ): Promise<LostConsumption[]> {
   const lost: LostConsumption[] = [];
   const admin = kafka.admin();
-  await connectAdmin(admin);
+  await connectOrUnavailable(admin, 'the failover check');
   try {
     for (const c of o.consumers) {
       const committed = await admin.fetchOffsets({ groupId: c.groupId, topics: [...c.topics] });

@@ -1,0 +1,51 @@
+import type { ReceivedMessage } from '../src/kafka/subscriber.js';
+import { HEADER } from '../src/outbox/wire.js';
+
+/**
+ * A message as the handler sees it: Kafka's coordinates and bytes, and what Cairn's headers
+ * say about it.
+ */
+export interface InboxMessage {
+  /** The `cairn-message-id` header, or topic:partition:offset for messages from outside Cairn. */
+  messageId: string;
+  topic: string;
+  partition: number;
+  offset: string;
+  key: string | null;
+  headers: Readonly<Record<string, string>>;
+  value: Buffer | null;
+  /** The Kafka record's timestamp, in ms since the epoch. */
+  timestamp?: number;
+  /** The tenant whose message it is (`cairn-tenant`, set by the relay from the outbox row). */
+  tenantId: string | undefined;
+  /** The task whose change caused the message (`cairn-task-id`), when it has one. */
+  taskId: string | undefined;
+  /** The task version that caused the message (`cairn-task-version`), when it has one. */
+  taskVersion: number | undefined;
+  /** The message's place among the messages of that change (`cairn-task-seq`), from 0. */
+  taskSeq: number;
+  /** The value parsed as JSON (null for an empty value). */
+  json<T = unknown>(): T;
+}
+
+const count = (v: string | undefined) => (v !== undefined && /^\d{1,15}$/.test(v) ? Number(v) : undefined);
+
+export function toInboxMessage(m: ReceivedMessage): InboxMessage {
+  return {
+    messageId: m.headers[HEADER.messageId] ?? `${m.topic}:${m.partition}:${m.offset}`,
+    topic: m.topic,
+    partition: m.partition,
+    offset: m.offset,
+    key: m.key,
+    headers: m.headers,
+    value: m.value,
+    timestamp: m.timestamp,
+    tenantId: m.headers[HEADER.tenant] || undefined,
+    taskId: m.headers[HEADER.taskId] || undefined,
+    taskVersion: count(m.headers[HEADER.taskVersion]),
+    taskSeq: count(m.headers[HEADER.taskSeq]) ?? 0,
+    json<T>() {
+      return JSON.parse(m.value?.toString('utf8') ?? 'null') as T;
+    },
+  };
+}
