@@ -56,7 +56,7 @@ export function applyTracing(groupId: string): ApplyTracing {
           handle,
         );
       }
-      return latency(m);
+      return observed.listening ? latency(m) : undefined;
     },
     committed(latencies) {
       // Only now: a chunk that rolled back and was applied again one by one counts each message once.

@@ -86,7 +86,7 @@ export async function publishWithRetry(c: PublishContext, batch: readonly Ready[
   await inPublishSpan(batch, () => retrying(c, batch));
   // After the broker's ack nothing may throw: the batch would count as failed and be sent again.
   try {
-    c.observed.emit(observeBatch(batch, Date.now()));
+    if (c.observed.listening) c.observed.emit(observeBatch(batch, Date.now()));
   } catch (err) {
     c.log.warn({ err: (err as Error).message }, 'could not record the batch in the relay metrics');
   }

@@ -6,6 +6,8 @@
  */
 export interface Observations<E> {
   emit(event: E): void;
+  /** Whether anything listens: a hot path builds its event only then. */
+  readonly listening: boolean;
   subscribe(listener: (event: E) => void): void;
 }
 
@@ -20,6 +22,9 @@ export function observations<E>(): Observations<E> {
     },
     subscribe(listener) {
       listeners.push(listener);
+    },
+    get listening() {
+      return listeners.length > 0;
     },
   };
 }
