@@ -1,7 +1,8 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
 import type { Db } from '../src/db/database.js';
-import { CairnError, NotFoundError, ValidationError } from '../src/errors.js';
+import { CairnError, NotFoundError, UnavailableError, ValidationError } from '../src/errors.js';
+import { connectOrUnavailable } from '../src/kafka/classifyError.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import { parseOptions } from '../src/options.js';
 import { HEADER } from '../src/outbox/wire.js';
@@ -81,12 +82,18 @@ export async function replayDeadLetter(
   input: { messageId: string; groupId: string; tenantId?: string },
 ): Promise<DeadLetter> {
   const a = parseOptions('dead letter replay', ReplayInput, input);
-  // Connected before any row is locked: a broker that does not answer holds no lock.
-  await publisher.connect();
+  // Connected before any row is locked: a broker that does not answer holds no lock (and is an
+  // outage, exit 75 for `cairn inbox replay`, not a failure).
+  await connectOrUnavailable(publisher, 'the dead-letter replay');
   try {
     return await replayLocked(db, publisher, a);
   } finally {
-    await publisher.disconnect();
+    // A frozen broker can hold a disconnect for many seconds: the rows are already released,
+    // so the operator is not kept waiting on it.
+    await Promise.race([
+      publisher.disconnect().catch(() => {}),
+      new Promise((r) => setTimeout(r, 2_000).unref()),
+    ]);
   }
 }
 
@@ -96,6 +103,9 @@ async function replayLocked(
   a: { messageId: string; groupId: string; tenantId?: string | undefined },
 ): Promise<DeadLetter> {
   return db.transaction().execute(async (trx) => {
+    // A process that dies or hangs mid-replay must not keep these rows locked for hours (a
+    // consumer that got the copy waits on the inbox row): Postgres ends such a session.
+    await sql`SET LOCAL idle_in_transaction_session_timeout = '15s'`.execute(trx);
     let q = trx
       .selectFrom('inbox_dlq')
       .selectAll()
@@ -137,19 +147,53 @@ async function replayLocked(
       .where('outcome', '=', 'dead_lettered')
       .execute();
     await trx.updateTable('inbox_dlq').set({ replayed_at: new Date() }).where('id', '=', dl.id).execute();
-    await publisher.publish([
-      {
-        topic: dl.topic,
-        key: dl.key ?? dl.message_id,
-        value: dl.payload ?? Buffer.alloc(0),
-        // Cairn's own headers as the row's columns say, whatever the stored copy holds.
-        headers: {
-          ...dl.headers,
-          [HEADER.messageId]: dl.message_id,
-          ...(dl.tenant_id ? { [HEADER.tenant]: dl.tenant_id } : {}),
+    await withinDeadline(
+      publisher.publish([
+        {
+          topic: dl.topic,
+          key: dl.key ?? dl.message_id,
+          value: dl.payload ?? Buffer.alloc(0),
+          // Cairn's own headers as the row's columns say, whatever the stored copy holds.
+          headers: {
+            ...dl.headers,
+            [HEADER.messageId]: dl.message_id,
+            ...(dl.tenant_id ? { [HEADER.tenant]: dl.tenant_id } : {}),
+          },
         },
-      },
-    ]);
+      ]),
+    );
     return dl;
   });
+}
+
+/**
+ * How long a replay waits for the broker's ack while it holds the letter's rows: well under a
+ * consumer's session (10 s), which may be waiting on the inbox row for the copy already sent.
+ */
+const REPLAY_PUBLISH_DEADLINE_MS = 5_000;
+
+/**
+ * The publish, or an UnavailableError after the deadline: the transaction rolls back, the
+ * letter stays unreplayed (a copy the broker took anyway is dropped by the inbox as the
+ * dead-lettered row it still is), and the replay can be run again.
+ */
+async function withinDeadline(publish: Promise<void>): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(
+      () =>
+        reject(
+          new UnavailableError(
+            `the broker did not acknowledge the replayed message within ${REPLAY_PUBLISH_DEADLINE_MS / 1000} s; nothing was marked replayed: replay it again`,
+          ),
+        ),
+      REPLAY_PUBLISH_DEADLINE_MS,
+    );
+  });
+  publish.catch(() => {}); // settled after the deadline: already reported
+  try {
+    await Promise.race([publish, late]);
+  } finally {
+    clearTimeout(timer);
+  }
 }

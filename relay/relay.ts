@@ -314,6 +314,8 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
             await rebalance();
             lastRebalance = Date.now();
           }
+          // Without lanes nothing waits for the broker here: say so (the metric would alert forever).
+          if (owned.size === 0 && stats.waitingFor === 'kafka') stats.waitingFor = null;
           const n = owned.size > 0 ? await processBatch() : 0;
           if (n >= batchSize) {
             idle = 1;

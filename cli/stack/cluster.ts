@@ -171,11 +171,18 @@ export async function startLocalCluster(
   ensureDir(kafkaPaths.root);
   fetchJars(log);
   prepare(nodes);
-  for (const n of nodes) {
+  const started = nodes.filter((n) => !nodePid(n));
+  for (const n of started) {
     const pid = startNode(n);
     log(`starting Kafka ${KAFKA_VERSION} node ${n.id} (pid ${pid}) on ${n.address}, log: ${n.log}`);
   }
-  await waitClusterReady(nodes, log);
+  try {
+    await waitClusterReady(nodes, log);
+  } catch (err) {
+    // A cluster that did not come up is not left half running: stop the nodes this call started.
+    await Promise.all(started.map((n) => killNode(n)));
+    throw err;
+  }
   return { started: true };
 }
 

@@ -152,7 +152,10 @@ export function createCheckpointerWithTestHooks(
         SELECT o.message_id FROM outbox o
          WHERE o.task_id = ${taskId}
             OR (o.task_id IS NULL AND o.key = ${taskId}
-                AND coalesce(o.tenant_id, '') = (SELECT t.tenant_id FROM task_state t WHERE t.task_id = ${taskId}))
+                -- Of the task's tenant, or of none (only the owner writes such rows). Plain
+                -- comparisons, so the (tenant_id, key) index serves them, not a scan of the outbox.
+                AND (o.tenant_id = (SELECT t.tenant_id FROM task_state t WHERE t.task_id = ${taskId})
+                     OR o.tenant_id IS NULL))
          ORDER BY o.id`
         .execute(trx)
         .then((r) => r.rows),
