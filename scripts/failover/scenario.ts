@@ -48,7 +48,9 @@ export interface FailoverOptions {
 export interface FailoverResult {
   mode: 'sync' | 'async';
   tasks: number;
-  /** Kill of region A to the first transition an agent committed in region B. */
+  /** Open tasks region B could resume (neither terminal nor held) after the check. */
+  resumable: number;
+  /** Kill of region A to the first transition an agent committed in region B; null when nothing was resumable. */
   rtoMs: number | null;
   promoteMs: number;
   checkMs: number;
@@ -268,18 +270,27 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     const resumedAt = Date.now();
 
     let rtoMs: number | null = null;
-    await waitUntil(
-      'the first transition in region B',
-      async () => {
-        const r = await sql<{ at: Date }>`
+    // A lagging mirror can leave every open task held: then nothing resumes and there is no
+    // first transition to time (RTO not measured), only the holds to check.
+    const open = await dbB
+      .selectFrom('task_state')
+      .select(['task_id', 'status'])
+      .where('task_id', 'like', 'demo-%')
+      .execute();
+    const resumable = open.filter((t) => !isTerminal(t.status as never) && !diverged.has(t.task_id)).length;
+    if (resumable > 0)
+      await waitUntil(
+        'the first transition in region B',
+        async () => {
+          const r = await sql<{ at: Date }>`
           SELECT min(at) AS at FROM task_audit WHERE actor LIKE '%/agents/%' AND at > to_timestamp(${promotedAt / 1000})`.execute(
-          dbB,
-        );
-        if (r.rows[0]?.at) rtoMs = r.rows[0].at.getTime() - killedAt;
-        return rtoMs !== null;
-      },
-      o.timeoutS * 1000,
-    );
+            dbB,
+          );
+          if (r.rows[0]?.at) rtoMs = r.rows[0].at.getTime() - killedAt;
+          return rtoMs !== null;
+        },
+        o.timeoutS * 1000,
+      );
     const expected = [...Array(o.tasks).keys()].map((i) => `demo-${String(i).padStart(4, '0')}`);
     const healthy = expected.filter((id) => !diverged.has(id));
     await waitUntil(
@@ -372,6 +383,7 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     return {
       mode: o.mode,
       tasks: o.tasks,
+      resumable,
       rtoMs,
       promoteMs: promotedAt - killedAt,
       checkMs: checkedAt - promotedAt,

@@ -85,8 +85,17 @@ async function refuseInstallElsewhere(db: Db, schema: string): Promise<void> {
  * own search_path could put another first).
  */
 async function assertConnectionSearchesSchema(db: Db, schema: string): Promise<void> {
-  const { rows } = await sql<{ current: string | null; path: string }>`
+  const ask = () =>
+    sql<{ current: string | null; path: string }>`
     SELECT current_schema() AS current, current_setting('search_path') AS path`.execute(db);
+  let { rows } = await ask();
+  // Several migrators at once: the one whose CREATE SCHEMA lost the race may ask on a pooled
+  // connection that does not see the winner's schema yet (seen once in five). Ask again briefly
+  // before calling the search_path wrong.
+  for (let i = 0; i < 20 && rows[0]?.current !== schema; i++) {
+    await new Promise((r) => setTimeout(r, 50));
+    ({ rows } = await ask());
+  }
   if (rows[0]?.current !== schema) {
     throw new ConfigurationError(
       `the connection's search_path is "${rows[0]?.path}", so migrations would create Cairn's tables in ` +

@@ -45,7 +45,9 @@ describe.skipIf(skip !== '')('regional failover, a Kafka cluster per region (Mir
     expect(r.witness.lost).toBe(0);
     expect(r.report.lostTransitions).toEqual([]);
     for (const u of r.report.unmirroredMessages) expect(r.report.divergedTasks).toContain(u.taskId);
-    expect(r.rtoMs).toBeGreaterThan(0);
+    // RTO is measured when something was left to resume (a lagging mirror can hold every open task).
+    if (r.resumable > 0) expect(r.rtoMs).toBeGreaterThan(0);
+    else expect(r.report.divergedTasks.length).toBeGreaterThan(0);
   });
 
   it('asynchronous replication, lagging mirror: lost work detected from the mirror and held, no effect twice', async () => {
