@@ -11,6 +11,7 @@ import { type Logger, silentLogger } from '../src/logger.js';
 import { parseOptions } from '../src/options.js';
 import { DLQ_HEADER, HEADER } from '../src/outbox/wire.js';
 import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
+import { markConsumed } from '../src/state/changelog.js';
 import { InboxConsumerOptionsSchema } from './options.js';
 import { applyTracing } from './processSpan.js';
 import { claimVersion } from './sql/claimVersion.js';
@@ -205,7 +206,22 @@ export function createInboxConsumerWithTestHooks(
           continue;
         }
       }
-      const seconds = await traced.run(m, () => handler(trx, m));
+      // A task changed in the handler records this message in its changelog record (a replay
+      // after a failover restores the inbox row from it).
+      const mark = markConsumed(trx, {
+        consumer_group: groupId,
+        message_id: m.messageId,
+        topic: m.topic,
+        partition: m.partition,
+        offset: m.offset,
+        key: m.key,
+      });
+      let seconds: number | undefined;
+      try {
+        seconds = await traced.run(m, () => handler(trx, m));
+      } finally {
+        mark.clear();
+      }
       if (seconds !== undefined) latencies.push(seconds);
       counts.applied++;
     }

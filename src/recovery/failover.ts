@@ -104,13 +104,19 @@ export interface SeenMessage {
   taskId: string | null;
   version: number | null;
   messageId: string;
+  /** The payload, only when asked for (`values`). */
+  value?: Buffer | null;
 }
 
-/** Reads every message already on `topics`, up to each partition's end at the time of the call. */
+/**
+ * Reads every message already on `topics`, up to each partition's end at the time of the call;
+ * `values` keeps each message's payload as well.
+ */
 export async function readTopicsToEnd(
   kafka: Kafka,
   topics: readonly string[],
   deadlineMs = 60_000,
+  opts: { values?: boolean } = {},
 ): Promise<SeenMessage[]> {
   const seen: SeenMessage[] = [];
   // No retries inside kafkajs: it would turn a retriable "not the leader" into a
@@ -159,6 +165,7 @@ export async function readTopicsToEnd(
           taskId: header(HEADER.taskId),
           version: Number.isInteger(version) ? version : null,
           messageId: header(HEADER.messageId) ?? '',
+          ...(opts.values ? { value: message.value } : {}),
         });
         const id = `${topic}/${partition}`;
         const last = remaining.get(id);

@@ -23,6 +23,7 @@ import {
   TaskStateV2,
 } from '../schemas/taskState.js';
 import { zodIssues } from '../schemas/zodIssues.js';
+import { type ChangelogOptions, createChangelogWriter } from './changelog.js';
 import { createFieldCrypto } from './fieldCrypto.js';
 import { parseStoredTaskState } from './parseStored.js';
 import { diff } from './replay.js';
@@ -53,6 +54,11 @@ export interface TaskStoreOptions {
   keys?: TenantKeys;
   /** Field classes of the task document; without keys, a confidential artifact is refused. */
   classification?: Classification;
+  /**
+   * Also write every committed version to the changelog topic (src/state/changelog.ts), in
+   * the transaction of the change, so a region that lost it can replay it.
+   */
+  changelog?: ChangelogOptions;
 }
 
 const StoreOptions = optionsSchema<TaskStoreOptions>()(
@@ -68,6 +74,18 @@ const StoreOptions = optionsSchema<TaskStoreOptions>()(
     classification: z
       .custom<Classification>((v) => typeof v === 'object' && v !== null && !Array.isArray(v), {
         message: 'must be an object of field classes',
+      })
+      .optional(),
+    changelog: z
+      .strictObject({
+        topic: z.string().min(1).optional(),
+        keyRing: z
+          .custom<NonNullable<ChangelogOptions['keyRing']>>(
+            (v) => typeof v === 'object' && v !== null && 'current' in v && 'keys' in v,
+            { message: 'must be a KeyRing ({ current, keys })' },
+          )
+          .optional(),
+        keys: objectWith<TenantKeys>('TenantKeys (createTenantKeys())', 'seal', 'open').optional(),
       })
       .optional(),
   }),
@@ -165,6 +183,9 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
   const o = parseOptions('task store options', StoreOptions, options);
   const log = (o.logger ?? silentLogger).child({ component: 'task-store' });
   const outbox = o.outbox ?? createOutbox();
+  const changelog = o.changelog
+    ? createChangelogWriter({ ...o.changelog, keys: o.changelog.keys ?? o.keys }, outbox)
+    : undefined;
 
   const fields =
     o.keys || o.classification
@@ -252,7 +273,20 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
           }
           throw err;
         }
-        await insertAudit(t, state, null, actor, reason ?? 'created', diff({}, stored));
+        const patch = diff({}, stored);
+        await insertAudit(t, state, null, actor, reason ?? 'created', patch);
+        await changelog?.write(t, {
+          tenantId: state.tenant_id,
+          taskId: state.task_id,
+          version: 1,
+          prevVersion: null,
+          actor,
+          reason: reason ?? 'created',
+          patch,
+          prevStored: null,
+          nextStored: stored,
+          messages: [],
+        });
         if (o.checkpointer) await o.checkpointer.take(t, { state, reason: 'task created', createdBy: actor });
         log.debug({ task_id: state.task_id, version: 1 }, 'task created');
         if (!trx) remember(state, stored);
@@ -306,6 +340,8 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       assertChangeAllowed(prev, next, { reason: input.reason, requiredGates: o.requiredGates });
       fields?.assertChangeNotCopied(next, input.reason, input.messages);
       const nextStored = await seal(ex, next, known);
+      // Against the document as stored: for a v1 row the patch shows the upgrade too.
+      const auditPatch = diff(storedDoc as object, nextStored);
 
       const cas = (on: Executor) =>
         casUpdate(on, {
@@ -315,12 +351,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
           status: next.status,
           schemaVersion: TASK_STATE_V2,
           doc: nextStored,
-          // Against the document as stored: for a v1 row the patch shows the upgrade too.
-          audit: {
-            actor: input.actor,
-            reason: input.reason ?? null,
-            patch: diff(storedDoc as object, nextStored),
-          },
+          audit: { actor: input.actor, reason: input.reason ?? null, patch: auditPatch },
         });
       let swapped: boolean;
       let messageIds: string[] = [];
@@ -341,7 +372,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
             },
           ]);
         }
-        if (input.messages?.length || input.lease || checkpoint) {
+        if (input.messages?.length || input.lease || checkpoint || changelog) {
           // Validate the messages before touching the database; then the fence check, the CAS
           // and the messages in one transaction.
           const rows = input.messages?.length ? outbox.prepare(input.messages, ctx) : [];
@@ -354,6 +385,18 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
             }
             if (!(await cas(t))) return false;
             messageIds = await outbox.insert(t, rows);
+            await changelog?.write(t, {
+              tenantId: next.tenant_id,
+              taskId: next.task_id,
+              version: next.version,
+              prevVersion: prev.version,
+              actor: input.actor,
+              reason: input.reason ?? null,
+              patch: auditPatch,
+              prevStored: storedDoc,
+              nextStored,
+              messages: rows,
+            });
             if (checkpoint)
               await o.checkpointer!.take(t, { createdBy: input.actor, ...checkpoint, state: next });
             return true;

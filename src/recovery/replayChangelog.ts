@@ -1,0 +1,428 @@
+import type { Operation } from 'fast-json-patch';
+import fjp from 'fast-json-patch';
+import type { Kafka } from 'kafkajs';
+import { sql } from 'kysely';
+import { z } from 'zod';
+import { canonicalBytes } from '../canonical.js';
+import type { KeyRing } from '../checkpoints/signing.js';
+import type { TenantKeys } from '../crypto/tenantKeys.js';
+import type { Db } from '../db/database.js';
+import type { Trx } from '../db/executor.js';
+import { sqlState } from '../db/sqlstate.js';
+import { CairnError } from '../errors.js';
+import { connectOrUnavailable } from '../kafka/classifyError.js';
+import { objectWith, optionsSchema, parseOptions } from '../options.js';
+import {
+  type ChangelogBody,
+  ChangelogBodySchema,
+  type ChangelogEnvelope,
+  ChangelogEnvelopeSchema,
+  type ChangelogReceipt,
+  changelogAad,
+  stateDigest,
+  verifyEnvelope,
+} from '../state/changelog.js';
+import { readTopicsToEnd } from './failover.js';
+
+/**
+ * Rebuilds, after an asynchronous failover, the transitions the promoted database lost from
+ * the changelog topic (src/state/changelog.ts): for each task, the records newer than its
+ * version here, verified (signature, chain of state digests, the resulting digest) and applied
+ * in order through compare-and-swap, with the inbox rows and receipts they name. A task whose
+ * records do not prove every lost version (a gap, a bad digest, an unreadable or refused
+ * record, a message of its that never reached the broker) is left as it is and reported, to be
+ * held like today.
+ */
+
+/** What replayChangelog takes. */
+export interface ReplayChangelogOptions {
+  /** The changelog topic as this region's cluster names it (a MirrorMaker mirror: `A.cairn.changelog`). */
+  topic: string;
+  /** Verifies record signatures; with it, an unsigned record is refused. */
+  keyRing?: KeyRing;
+  /** Opens encrypted records (tenant data keys); without it, an encrypted record makes its task incomplete. */
+  keys?: TenantKeys;
+  /** Who replays: named in each replayed audit row's reason (its actor stays the transition's). */
+  actor: string;
+  /**
+   * The topics of the records' messages are a mirror's (`<sourcePrefix><topic>`): their
+   * presence on the broker is checked there.
+   */
+  sourcePrefix?: string;
+  /** Only this tenant's records (an operator acting for one tenant). */
+  tenant?: string;
+  /** How long reading a topic to its end may take (default 60 s). */
+  deadlineMs?: number;
+}
+
+const Options = optionsSchema<ReplayChangelogOptions>()(
+  z.strictObject({
+    topic: z.string().min(1),
+    keyRing: z
+      .custom<KeyRing>((v) => typeof v === 'object' && v !== null && 'current' in v && 'keys' in v, {
+        message: 'must be a KeyRing ({ current, keys })',
+      })
+      .optional(),
+    keys: objectWith<TenantKeys>('TenantKeys (createTenantKeys())', 'seal', 'open').optional(),
+    actor: z.string().min(1),
+    sourcePrefix: z.string().min(1).optional(),
+    tenant: z.string().min(1).optional(),
+    deadlineMs: z.number().int().positive().optional(),
+  }),
+);
+
+export interface RebuiltTask {
+  taskId: string;
+  tenantId: string;
+  /** The version this database held (0: the task itself was lost) and the version rebuilt. */
+  from: number;
+  to: number;
+}
+
+/** A task the changelog cannot rebuild: hold it (quarantine) as a failover without replay would. */
+export interface IncompleteTask {
+  taskId: string;
+  tenantId: string;
+  from: number;
+  reason: string;
+}
+
+/** A record refused on its own (not Cairn's, or claiming what its headers contradict). */
+export interface RefusedRecord {
+  at: string;
+  reason: string;
+}
+
+export interface ReplayReport {
+  rebuilt: RebuiltTask[];
+  incomplete: IncompleteTask[];
+  refused: RefusedRecord[];
+  /** Tasks whose every record this database already holds. */
+  upToDate: number;
+  restoredInboxRows: number;
+  restoredReceipts: number;
+}
+
+interface Found {
+  envelope: ChangelogEnvelope;
+  at: string;
+}
+
+class Unprovable extends Error {}
+
+export async function replayChangelog(
+  db: Db,
+  kafka: Kafka,
+  options: ReplayChangelogOptions,
+): Promise<ReplayReport> {
+  const o = parseOptions('changelog replay options', Options, options);
+  const report: ReplayReport = {
+    rebuilt: [],
+    incomplete: [],
+    refused: [],
+    upToDate: 0,
+    restoredInboxRows: 0,
+    restoredReceipts: 0,
+  };
+  const byTask = new Map<string, Map<number, Found[]>>();
+  for (const m of await readTopicsToEnd(kafka, [o.topic], o.deadlineMs, { values: true })) {
+    const at = `${m.topic}/${m.partition}/${m.offset}`;
+    const envelope = parseEnvelope(m.value ?? null);
+    if (!envelope) {
+      report.refused.push({ at, reason: 'not a changelog record' });
+      continue;
+    }
+    // The relay sets these headers from the outbox row's columns, which row-level security
+    // and triggers keep honest: a record claiming another tenant or task than its row's is a lie.
+    if (m.tenant !== envelope.tenant_id || m.taskId !== envelope.task_id || m.version !== envelope.version) {
+      report.refused.push({
+        at,
+        reason: `record of ${envelope.tenant_id}/${envelope.task_id} v${envelope.version} came from an outbox row of ${m.tenant}/${m.taskId} v${m.version}`,
+      });
+      continue;
+    }
+    if (o.tenant !== undefined && envelope.tenant_id !== o.tenant) continue;
+    const id = `${envelope.tenant_id}\u0000${envelope.task_id}`;
+    const versions = byTask.get(id) ?? new Map<number, Found[]>();
+    byTask.set(id, versions);
+    const same = versions.get(envelope.version) ?? [];
+    // A record sent twice (a relay retry, a mirror) is one record.
+    const bytes = canonicalBytes(envelope).toString();
+    if (!same.some((f) => canonicalBytes(f.envelope).toString() === bytes)) same.push({ envelope, at });
+    versions.set(envelope.version, same);
+  }
+
+  const pending: Array<{ task: TaskAt; records: Array<{ found: Found; body: ChangelogBody }> }> = [];
+  for (const [id, versions] of byTask) {
+    const [tenantId, taskId] = id.split('\u0000') as [string, string];
+    const row = await db
+      .selectFrom('task_state')
+      .select(['tenant_id', 'version', 'doc'])
+      .where('task_id', '=', taskId)
+      .executeTakeFirst();
+    if (row && row.tenant_id !== tenantId) {
+      report.refused.push({
+        at: [...versions.values()][0]![0]!.at,
+        reason: `records of tenant ${tenantId} for task ${taskId}, a task of another tenant here`,
+      });
+      continue;
+    }
+    const task: TaskAt = { tenantId, taskId, version: row?.version ?? 0, doc: row?.doc ?? null };
+    const newer = [...versions.keys()].filter((v) => v > task.version).sort((a, b) => a - b);
+    if (newer.length === 0) {
+      report.upToDate++;
+      continue;
+    }
+    try {
+      const records = [];
+      let doc = task.doc;
+      for (let v = task.version + 1; v <= newer[newer.length - 1]!; v++) {
+        const candidates = versions.get(v);
+        if (!candidates)
+          throw new Unprovable(`gap: no record of version ${v} (records up to ${newer.at(-1)})`);
+        if (candidates.length > 1)
+          throw new Unprovable(
+            `two different records of version ${v} (${candidates.map((c) => c.at).join(', ')})`,
+          );
+        const found = candidates[0]!;
+        const body = await openRecord(db, found.envelope, o);
+        doc = applyRecord(doc, found.envelope, body);
+        records.push({ found, body });
+      }
+      pending.push({ task, records });
+    } catch (err) {
+      if (!(err instanceof Unprovable)) throw err;
+      report.incomplete.push({ taskId, tenantId, from: task.version, reason: err.message });
+    }
+  }
+
+  // Every message a replayed transition enqueued must be on the broker: one that never left
+  // the lost region would leave the rebuilt task waiting for it forever.
+  const wanted = new Set(
+    pending.flatMap((p) => p.records.flatMap((r) => r.body.messages.map((m) => m.topic))),
+  );
+  const onBroker = new Set<string>();
+  if (wanted.size > 0) {
+    const topics = [...wanted].map((t) => `${o.sourcePrefix ?? ''}${t}`);
+    const existing = new Set(await listTopics(kafka));
+    const seen = await readTopicsToEnd(
+      kafka,
+      topics.filter((t) => existing.has(t)),
+      o.deadlineMs,
+    );
+    for (const m of seen) onBroker.add(`${m.tenant ?? ''}\u0000${m.messageId}`);
+  }
+  for (const { task, records } of pending) {
+    const missing = records
+      .flatMap((r) => r.body.messages)
+      .find((m) => !onBroker.has(`${task.tenantId}\u0000${m.id}`));
+    if (missing) {
+      report.incomplete.push({
+        ...pick(task),
+        reason: `message ${missing.id} (${missing.topic}) of a lost transition never reached this broker`,
+      });
+      continue;
+    }
+    try {
+      const restored = await db.transaction().execute((trx) => writeRecords(trx, task, records, o));
+      report.rebuilt.push({ ...pick(task), to: records.at(-1)!.found.envelope.version });
+      report.restoredInboxRows += restored.inbox;
+      report.restoredReceipts += restored.receipts;
+    } catch (err) {
+      if (err instanceof Unprovable) report.incomplete.push({ ...pick(task), reason: err.message });
+      else if (sqlState(err) === 'CN009')
+        report.incomplete.push({ ...pick(task), reason: 'quarantined here: release it first' });
+      else throw err;
+    }
+  }
+  report.rebuilt.sort((a, b) => a.taskId.localeCompare(b.taskId));
+  report.incomplete.sort((a, b) => a.taskId.localeCompare(b.taskId));
+  return report;
+}
+
+interface TaskAt {
+  tenantId: string;
+  taskId: string;
+  version: number;
+  doc: unknown;
+}
+const pick = (t: TaskAt) => ({ taskId: t.taskId, tenantId: t.tenantId, from: t.version });
+
+function parseEnvelope(value: Buffer | null): ChangelogEnvelope | undefined {
+  if (!value) return undefined;
+  try {
+    const r = ChangelogEnvelopeSchema.safeParse(JSON.parse(value.toString('utf8')));
+    return r.success ? (r.data as ChangelogEnvelope) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Verifies a record's signature and reads its body (decrypted with its tenant's key). */
+async function openRecord(db: Db, e: ChangelogEnvelope, o: ReplayChangelogOptions): Promise<ChangelogBody> {
+  const at = `version ${e.version}`;
+  const signed = verifyEnvelope(e, o.keyRing);
+  if (!signed.ok) throw new Unprovable(`${at}: ${signed.message}`);
+  let raw: unknown = e.body;
+  if (e.sealed) {
+    if (!o.keys) throw new Unprovable(`${at} is encrypted and no tenant keys were given`);
+    try {
+      const plain = await o.keys.open(
+        e.tenant_id,
+        e.sealed.key_id,
+        Buffer.from(e.sealed.ciphertext, 'base64'),
+        changelogAad(e),
+        db,
+      );
+      raw = JSON.parse(plain.toString('utf8'));
+    } catch (err) {
+      // Altered bytes, another tenant's key, a shredded key: this record cannot be read. Anything
+      // else (a key provider that does not answer) is an outage, not a bad record: the replay stops.
+      if (err instanceof CairnError && (err.code === 'decryption_failed' || err.code === 'key_missing'))
+        throw new Unprovable(`${at} cannot be read: ${err.message}`);
+      throw err;
+    }
+  }
+  const body = ChangelogBodySchema.safeParse(raw);
+  if (!body.success) throw new Unprovable(`${at}: body is not a changelog body`);
+  return body.data as ChangelogBody;
+}
+
+/** The document after the record, checked against the chain and the record's own digest. */
+function applyRecord(doc: unknown, e: ChangelogEnvelope, body: ChangelogBody): unknown {
+  const at = `version ${e.version}`;
+  const expectedPrev = doc === null ? null : stateDigest(doc);
+  if (body.prev_state_sha256 !== expectedPrev) {
+    throw new Unprovable(
+      `${at} follows a state (${body.prev_state_sha256}) that is not the one before it here (${expectedPrev})`,
+    );
+  }
+  let next: unknown;
+  try {
+    next = fjp.applyPatch(
+      structuredClone(doc ?? {}),
+      body.patch as unknown as Operation[],
+      true,
+      false,
+    ).newDocument;
+  } catch (err) {
+    throw new Unprovable(`${at}: its patch does not apply (${(err as Error).message})`);
+  }
+  if (stateDigest(next) !== body.state_sha256)
+    throw new Unprovable(`${at}: the patched state's digest differs`);
+  const d = next as { task_id?: unknown; tenant_id?: unknown; version?: unknown; status?: unknown };
+  if (
+    d.task_id !== e.task_id ||
+    d.tenant_id !== e.tenant_id ||
+    d.version !== e.version ||
+    d.status !== body.status
+  )
+    throw new Unprovable(`${at}: the patched state names another task, tenant, version or status`);
+  return next;
+}
+
+/** Applies a task's records in order, with CAS, in one transaction; restores inbox rows and receipts. */
+async function writeRecords(
+  trx: Trx,
+  task: TaskAt,
+  records: ReadonlyArray<{ found: Found; body: ChangelogBody }>,
+  o: ReplayChangelogOptions,
+): Promise<{ inbox: number; receipts: number }> {
+  let doc = task.doc;
+  let inbox = 0;
+  let receipts = 0;
+  for (const { found, body } of records) {
+    const e = found.envelope;
+    doc = applyRecord(doc, e, body);
+    const reason = `replayed from changelog ${found.at} by ${o.actor}${body.reason ? `: ${body.reason}` : ''}`;
+    if (e.version === 1) {
+      const r = await sql`
+        INSERT INTO task_state (task_id, tenant_id, version, schema_version, status, doc)
+        VALUES (${e.task_id}, ${e.tenant_id}, 1, ${body.schema_version}, ${body.status}, ${JSON.stringify(doc)}::jsonb)
+        ON CONFLICT (task_id) DO NOTHING`.execute(trx);
+      if (Number(r.numAffectedRows ?? 0) !== 1) throw new Unprovable('created in this region since');
+    } else {
+      const r = await sql`
+        UPDATE task_state SET version = ${e.version}, status = ${body.status},
+               schema_version = ${body.schema_version}, doc = ${JSON.stringify(doc)}::jsonb, updated_at = now()
+         WHERE task_id = ${e.task_id} AND version = ${e.version - 1}`.execute(trx);
+      if (Number(r.numAffectedRows ?? 0) !== 1) throw new Unprovable('changed in this region since');
+    }
+    await trx
+      .insertInto('task_audit')
+      .values({
+        task_id: e.task_id,
+        version: e.version,
+        prev_version: e.prev_version,
+        tenant_id: e.tenant_id,
+        actor: body.actor,
+        reason,
+        patch: JSON.stringify(body.patch),
+      })
+      .execute();
+    if (body.consumed) {
+      const c = body.consumed;
+      const r = await sql`
+        INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", tenant_id, key)
+        VALUES (${c.consumer_group}, ${c.message_id}, ${c.topic}, ${c.partition}, ${c.offset}, ${e.tenant_id}, ${c.key})
+        ON CONFLICT DO NOTHING`.execute(trx);
+      inbox += Number(r.numAffectedRows ?? 0);
+    }
+    for (const rc of body.receipts) receipts += await restoreReceipt(trx, e, rc);
+  }
+  return { inbox, receipts };
+}
+
+/** The declared receipt transitions (migration 0008) from `started` to each status a record may name. */
+const PATH: Record<string, string[]> = {
+  started: ['uncertain'], // its outcome is unknown here: reconcile settles it
+  succeeded: ['succeeded'],
+  failed: ['failed'],
+  uncertain: ['uncertain'],
+  compensating: ['uncertain', 'compensating'],
+  compensated: ['uncertain', 'compensating', 'compensated'],
+  gated: ['uncertain', 'gated'],
+};
+
+/** Restores a receipt this database lacks (or one it holds as started that the record saw settled). */
+async function restoreReceipt(trx: Trx, e: ChangelogEnvelope, rc: ChangelogReceipt): Promise<number> {
+  const here = await trx
+    .selectFrom('tool_receipt')
+    .select(['status'])
+    .where('idempotency_key', '=', rc.idempotency_key)
+    .where(sql<boolean>`coalesce(tenant_id, '') = ${e.tenant_id}`)
+    .executeTakeFirst();
+  let path = PATH[rc.status] ?? ['uncertain'];
+  if (here) {
+    if (here.status !== 'started' || !['succeeded', 'failed'].includes(rc.status)) return 0;
+  } else {
+    await sql`
+      INSERT INTO tool_receipt (receipt_id, idempotency_key, task_id, tenant_id, step, tool, args_digest, status,
+                                attempt, irreversible, worker)
+      VALUES (${rc.receipt_id}, ${rc.idempotency_key}, ${e.task_id}, ${e.tenant_id}, ${rc.step}, ${rc.tool},
+              ${rc.args_digest}, 'started', ${rc.attempt}, ${rc.irreversible}, ${rc.worker})`.execute(trx);
+  }
+  if (rc.status === 'started' && here) path = [];
+  for (const status of path) {
+    const final = status === 'succeeded' || status === 'failed' || status === 'compensated';
+    await sql`
+      UPDATE tool_receipt SET status = ${status},
+             result_digest = ${final ? rc.result_digest : null},
+             resolution = 'restored from the changelog after a failover',
+             finished_at = ${final ? sql`now()` : sql`finished_at`}
+       WHERE idempotency_key = ${rc.idempotency_key} AND coalesce(tenant_id, '') = ${e.tenant_id}`.execute(
+      trx,
+    );
+  }
+  return 1;
+}
+
+async function listTopics(kafka: Kafka): Promise<string[]> {
+  const admin = kafka.admin();
+  await connectOrUnavailable(admin, 'the changelog replay');
+  try {
+    return await admin.listTopics();
+  } finally {
+    await admin.disconnect();
+  }
+}
