@@ -2,6 +2,9 @@ import { parseArgs } from 'node:util';
 import { kafkaBrokersFromEnv } from '../src/env.js';
 import { kafkaClient } from '../src/kafka/publisher.js';
 import { checkAfterFailover, quarantine, releaseQuarantine } from '../src/recovery/failover.js';
+import { replayChangelog } from '../src/recovery/replayChangelog.js';
+import { CHANGELOG_TOPIC } from '../src/state/changelog.js';
+import { checkpointKeysFromEnv } from './checkpointKeys.js';
 import { printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
@@ -17,6 +20,14 @@ const usage = `usage:
     as checkpoints tell: a task without a checkpoint at its version is not judged. Stop
     MirrorMaker first: a message it copies after the check is not a loss. A message published
     in the lost region that this database has no trace of cannot be seen from here at all.
+  cairn failover replay [--from-topic cairn.changelog] [--source-prefix A.] [--tenant T] [--hold] [--json]
+    Run on the promoted database before the check: re-applies, from the changelog topic, each
+    task's versions this database lost (verified: chain of state digests, the resulting digest,
+    the signature with CAIRN_CHECKPOINT_KEYS, decrypted with CAIRN_KEYRING), restoring the
+    inbox rows and receipts they name. A task it cannot prove (a gap, a bad digest or
+    signature, a message of its never published) is left as it is and reported; --hold
+    quarantines it. Run it again any time: what is already here is skipped. Exit 1 if a task
+    could not be rebuilt. Then run \`cairn failover check\`.
   cairn failover release <task> [--actor spiffe://...] [--json]`;
 
 export async function failoverCommand(argv: string[]): Promise<number> {
@@ -29,6 +40,8 @@ export async function failoverCommand(argv: string[]): Promise<number> {
       json: { type: 'boolean' },
       hold: { type: 'boolean' },
       'source-prefix': { type: 'string' },
+      'from-topic': { type: 'string', default: CHANGELOG_TOPIC },
+      tenant: { type: 'string' },
       actor: { type: 'string', default: `spiffe://cairn.local/operator/${process.env.USER ?? 'unknown'}` },
     },
   });
@@ -42,6 +55,7 @@ export async function failoverCommand(argv: string[]): Promise<number> {
       return n ? 0 : 1;
     });
   }
+  if (positionals[0] === 'replay') return replayCommand(values);
   if (positionals[0] !== 'check' || !values.topics) throw new UsageError(`\n${usage}`);
   const topics = values.topics.split(',').filter(Boolean);
   const consumers = (values.group ?? []).map((g) => {
@@ -83,5 +97,43 @@ export async function failoverCommand(argv: string[]): Promise<number> {
       );
     }
     return r.divergedTasks.length === 0 ? 0 : 1;
+  }, 2);
+}
+
+async function replayCommand(values: {
+  'from-topic'?: string;
+  'source-prefix'?: string;
+  tenant?: string;
+  hold?: boolean;
+  json?: boolean;
+  actor?: string;
+}): Promise<number> {
+  return withDb(async (db) => {
+    const r = await replayChangelog(db, kafkaClient(kafkaBrokersFromEnv(), 'cairn-failover-replay'), {
+      topic: values['from-topic']!,
+      actor: values.actor!,
+      ...checkpointKeysFromEnv(db),
+      ...(values['source-prefix'] ? { sourcePrefix: values['source-prefix'] } : {}),
+      ...(values.tenant ? { tenant: values.tenant } : {}),
+    });
+    const incomplete = r.incomplete.map((i) => i.taskId);
+    const held = values.hold
+      ? await quarantine(db, incomplete, {
+          reason: 'failover replay: the changelog cannot prove what this region lost',
+          actor: values.actor!,
+        })
+      : 0;
+    printResult(values.json, { ...r, quarantined: held }, () => {
+      for (const t of r.rebuilt) console.log(`rebuilt: ${t.taskId} (${t.tenantId}) ${t.from} -> ${t.to}`);
+      for (const t of r.incomplete)
+        console.log(`not rebuilt: ${t.taskId} (${t.tenantId}) at ${t.from}: ${t.reason}`);
+      for (const x of r.refused) console.log(`refused record ${x.at}: ${x.reason}`);
+      console.log(
+        `${r.rebuilt.length} task(s) rebuilt, ${r.upToDate} up to date, ${r.restoredInboxRows} inbox row(s) and ` +
+          `${r.restoredReceipts} receipt(s) restored; ${r.incomplete.length} not rebuilt` +
+          (r.incomplete.length ? (values.hold ? ` (quarantined ${held})` : ' (hold them: --hold)') : ''),
+      );
+    });
+    return r.incomplete.length === 0 ? 0 : 1;
   }, 2);
 }

@@ -69,7 +69,9 @@ const commands: Record<string, Command> = {
   failover: {
     run: failoverCommand,
     help: `  failover check --topics T1,T2 [--group G=T1,T2] [--hold] [--json]
-                                               after promoting a standby: what did it lose? (exit 1 if anything)`,
+                                               after promoting a standby: what did it lose? (exit 1 if anything)
+  failover replay [--from-topic cairn.changelog] [--hold] [--json]
+                                               before the check: rebuild lost versions from the changelog`,
   },
   tenant: {
     run: tenantCommand,

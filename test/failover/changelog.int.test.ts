@@ -1,14 +1,20 @@
+import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { repoRoot } from '../../cli/stack/paths.js';
+import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
 import { createRelay } from '../../relay/relay.js';
 import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys, type TenantKeys } from '../../src/crypto/tenantKeys.js';
 import type { Db } from '../../src/db/database.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
+import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
+import { createReceiptStore } from '../../src/receipts/receipts.js';
 import { type ReplayChangelogOptions, replayChangelog } from '../../src/recovery/replayChangelog.js';
 import { type ChangelogEnvelope, type ChangelogOptions, stateDigest } from '../../src/state/changelog.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
@@ -289,5 +295,125 @@ describe('changelog replay after an asynchronous failover', () => {
     expect(stateDigest((await docOf(b.db, 'ENC-1'))?.doc)).toBe(
       stateDigest((await docOf(a.db, 'ENC-1'))?.doc),
     );
+  });
+
+  it('restores the inbox row and the receipt a lost transition names; `cairn failover replay --hold` holds the rest', async () => {
+    const { topic, stage, A, B } = await regions();
+    for (const id of ['RC-1', 'RC-GAP'])
+      await both([A, B], (s) => s.create({ task: newTask(id), actor: AGENT }));
+    // Region A alone: the deploy runs once (its receipt), then an agent consuming a stage
+    // message moves the task on in its inbox transaction.
+    const receiptsA = createReceiptStore({ db: a.db, worker: 'tester-a' });
+    let ran = 0;
+    const r = await receiptsA.runOnce({
+      taskId: 'RC-1',
+      step: 'deploy',
+      tool: 'deployer',
+      args: { env: 'prod' },
+      onUncertain: 'gate',
+      effect: async () => {
+        ran++;
+        return { deployed: true };
+      },
+    });
+    expect(r.status).toBe('succeeded');
+    const producer = kafka.producer();
+    await producer.connect();
+    await producer.send({
+      topic: stage,
+      messages: [{ key: 'RC-1', value: '{}', headers: { 'cairn-message-id': 'go-RC-1' } }],
+    });
+    await producer.disconnect();
+    const group = `changelog-agent-${Date.now()}`;
+    const consumer = createInboxConsumer({
+      db: a.db,
+      groupId: group,
+      subscriber: createKafkaSubscriber({ brokers: kafkaBrokers(), groupId: group, topics: [stage] }),
+      dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+      handler: async (trx, m) => {
+        const u = await A.update({
+          taskId: m.key!,
+          expectedVersion: 1,
+          patch: planApproved(),
+          actor: AGENT,
+          trx,
+        });
+        if (!u.ok) throw u.error;
+      },
+    });
+    const consuming = consumer.run();
+    try {
+      await waitFor('the agent in region A to apply the message', async () => consumer.stats().applied === 1);
+    } finally {
+      await consumer.stop();
+      await consuming;
+    }
+    await A.update({ taskId: 'RC-GAP', expectedVersion: 1, patch: planApproved(), actor: AGENT });
+    await A.update({
+      taskId: 'RC-GAP',
+      expectedVersion: 2,
+      patch: { gates: { implementation_complete: true } },
+      actor: AGENT,
+    });
+    await sql`DELETE FROM outbox WHERE task_id = 'RC-GAP' AND task_version = 2 AND topic = ${topic}`.execute(
+      a.db,
+    );
+    await publishA();
+
+    const cli = (...args: string[]) =>
+      promisify(execFile)('npx', ['tsx', 'cli/main.ts', 'failover', 'replay', ...args], {
+        cwd: repoRoot,
+        env: { ...process.env, KAFKA_BROKERS: kafkaBrokers().join(','), DATABASE_URL: b.url },
+      }).then(
+        (o) => ({ code: 0, stdout: o.stdout }),
+        (e: { code: number; stdout: string }) => ({ code: e.code, stdout: e.stdout }),
+      );
+    const out = await cli('--from-topic', topic, '--hold', '--json');
+    expect(out.code).toBe(1);
+    const report = JSON.parse(out.stdout) as {
+      rebuilt: unknown[];
+      incomplete: Array<{ taskId: string }>;
+      quarantined: number;
+      restoredInboxRows: number;
+      restoredReceipts: number;
+    };
+    expect(report).toMatchObject({
+      rebuilt: [{ taskId: 'RC-1', from: 1, to: 2 }],
+      incomplete: [{ taskId: 'RC-GAP' }],
+      quarantined: 1,
+      restoredInboxRows: 1,
+      restoredReceipts: 1,
+    });
+    const inbox = await b.db
+      .selectFrom('inbox')
+      .select(['message_id', 'tenant_id'])
+      .where('consumer_group', '=', group)
+      .execute();
+    expect(inbox).toEqual([{ message_id: 'go-RC-1', tenant_id: 'acme' }]);
+    // Region B's tester asks for the same deploy: the restored receipt says it ran; it does not run again.
+    const again = await createReceiptStore({ db: b.db, worker: 'tester-b' }).runOnce({
+      taskId: 'RC-1',
+      step: 'deploy',
+      tool: 'deployer',
+      args: { env: 'prod' },
+      onUncertain: 'gate',
+      effect: async () => {
+        ran++;
+        return { deployed: true };
+      },
+    });
+    expect(again.status).toBe('succeeded');
+    expect(ran).toBe(1);
+    expect(
+      await b.db
+        .selectFrom('task_quarantine')
+        .select('task_id')
+        .where('released_at', 'is', null)
+        .where('task_id', 'like', 'RC-%')
+        .execute(),
+    ).toEqual([{ task_id: 'RC-GAP' }]);
+    // Run again: nothing to do for RC-1, RC-GAP still not provable (exit 1), no second hold.
+    const second = JSON.parse((await cli('--from-topic', topic, '--hold', '--json')).stdout) as typeof report;
+    expect(second).toMatchObject({ rebuilt: [], quarantined: 0, restoredInboxRows: 0, restoredReceipts: 0 });
   });
 });
