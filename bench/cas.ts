@@ -4,7 +4,8 @@
  * version raised without one), same table, same workers, same run. Also the
  * same CAS as the application role acting for a tenant (forTenant: row-level security on).
  * Each mode also reports CPU µs per update of Node, the database's backends and the broker
- * (which takes no part here: it should read near 0).
+ * (which takes no part here: it should read near 0). And the same CAS with the changelog on
+ * (issue 20: a second outbox row per update, the task's receipts read, two state digests).
  */
 import { sql } from 'kysely';
 import { createDb } from '../src/db/database.js';
@@ -28,11 +29,13 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
     appUrl.username = 'cairn_app';
     const appDb = createDb({ connectionString: appUrl.toString(), max: workers + 2 });
     const rlsStore = createTaskStore({ db: forTenant(appDb, 'bench') });
+    const changelogStore = createTaskStore({ db: env.db, changelog: { topic: 'cairn.changelog.bench' } });
+    const clIds = Array.from({ length: workers }, (_, w) => `changelog-${w}`);
     // The raw loop gets rows of its own in the same table: it bumps only the version column,
     // which would leave the store's rows with a document that disagrees with their version.
     const rawIds = Array.from({ length: workers }, (_, w) => `raw-${w}`);
     const versions = new Map<string, number>();
-    for (const id of [...ids, ...rawIds, ...rlsIds]) {
+    for (const id of [...ids, ...rawIds, ...rlsIds, ...clIds]) {
       const t = await store.create({
         task: {
           tenant_id: 'bench',
@@ -46,7 +49,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       versions.set(id, t.version);
     }
 
-    const tokens = new Map<string, number>([...ids, ...rlsIds].map((id) => [id, 0]));
+    const tokens = new Map<string, number>([...ids, ...rlsIds, ...clIds].map((id) => [id, 0]));
     const casOn = (s: TaskStore, list: string[]) => async (w: number) => {
       const id = list[w]!;
       const r = await s.update({
@@ -61,6 +64,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
     };
     const cas = casOn(store, ids);
     const casRls = casOn(rlsStore, rlsIds);
+    const casChangelog = casOn(changelogStore, clIds);
     // The floor of a versioned write: the version bump and its audit row in one statement,
     // with no Node work at all (a version raised without its audit row is refused by SQL).
     const raw = async (w: number) => {
@@ -74,15 +78,18 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
     // Warm up both paths, then alternate rounds so drift (autovacuum, JIT) hits both alike.
     await throughput(workers, 1, cas);
     await throughput(workers, 1, casRls);
+    await throughput(workers, 1, casChangelog);
     let casTotal = 0;
     let rawTotal = 0;
     let rlsTotal = 0;
+    let clTotal = 0;
     const rounds = 2;
     // Each mode's CPU and operations, summed over the rounds.
     const spent = {
       raw: { ops: 0, cpu: NO_CPU },
       cas: { ops: 0, cpu: NO_CPU },
       cas_tenant_rls: { ops: 0, cpu: NO_CPU },
+      cas_changelog: { ops: 0, cpu: NO_CPU },
     };
     const measured = async (mode: keyof typeof spent, op: (w: number) => Promise<void>) => {
       const m = await cpuDuring(cpuSrc, () =>
@@ -105,11 +112,13 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       casTotal += c.perS;
       casCpu += nodeCores(c.cpu);
       rlsTotal += (await measured('cas_tenant_rls', casRls)).perS;
+      clTotal += (await measured('cas_changelog', casChangelog)).perS;
     }
     const cpu = {
       raw: cpuPerMsg(spent.raw.cpu, spent.raw.ops),
       cas: cpuPerMsg(spent.cas.cpu, spent.cas.ops),
       cas_tenant_rls: cpuPerMsg(spent.cas_tenant_rls.cpu, spent.cas_tenant_rls.ops),
+      cas_changelog: cpuPerMsg(spent.cas_changelog.cpu, spent.cas_changelog.ops),
     };
     await appDb.destroy();
     const rlsPerS = rlsTotal / rounds;
@@ -129,6 +138,11 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       `CAS as a tenant (forTenant: the tenant's login role, row-level security): ${rlsPerS.toFixed(0)} /s (${((rlsPerS / casPerS) * 100).toFixed(0)}% of the owner's)`,
     );
     console.log(`  ${cpuLine(cpu.cas_tenant_rls, 'update')}`);
+    const clPerS = clTotal / rounds;
+    console.log(
+      `CAS with the changelog (a record per version in the outbox): ${clPerS.toFixed(0)} /s (${((clPerS / casPerS) * 100).toFixed(0)}% of without)`,
+    );
+    console.log(`  ${cpuLine(cpu.cas_changelog, 'update')}`);
     console.log(`CPU: ${cpuSrc.brokerSource}; ${cpuSrc.postgresSource}`);
     return {
       bench: 'cas',
@@ -137,6 +151,8 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       ratio: Number(ratio.toFixed(3)),
       cas_tenant_rls_per_s: Math.round(rlsPerS),
       tenant_to_owner: Number((rlsPerS / casPerS).toFixed(3)),
+      cas_changelog_per_s: Math.round(clPerS),
+      changelog_to_without: Number((clPerS / casPerS).toFixed(3)),
       cpu_broker: cpuSrc.brokerSource,
       cpu_postgres: cpuSrc.postgresSource,
       cpu_by_phase: cpu,

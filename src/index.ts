@@ -93,6 +93,14 @@ export {
   type UnmirroredMessage,
 } from './recovery/failover.js';
 export {
+  type IncompleteTask,
+  type RebuiltTask,
+  type RefusedRecord,
+  type ReplayChangelogOptions,
+  type ReplayReport,
+  replayChangelog,
+} from './recovery/replayChangelog.js';
+export {
   type Policy,
   parsePolicy,
   type ResumeOptions,
@@ -112,6 +120,12 @@ export {
 // Task state: compare-and-swap writes with their audit rows and outbox messages.
 export type { NewTask, TaskPatch } from './schemas/taskPatch.js';
 export { GATES, type GateName, STATUSES, type TaskState, type TaskStatus } from './schemas/taskState.js';
+export {
+  CHANGELOG_TOPIC,
+  type ChangelogOptions,
+  changelogTopicConfig,
+  stateDigest,
+} from './state/changelog.js';
 export {
   type AuditRow,
   createTaskStore,

@@ -71,6 +71,7 @@ const Options = optionsSchema<ReplayChangelogOptions>()(
   }),
 );
 
+/** A task whose lost versions were re-applied. */
 export interface RebuiltTask {
   taskId: string;
   tenantId: string;
@@ -93,6 +94,7 @@ export interface RefusedRecord {
   reason: string;
 }
 
+/** What replayChangelog did: tasks rebuilt, tasks it could not prove, records refused. */
 export interface ReplayReport {
   rebuilt: RebuiltTask[];
   incomplete: IncompleteTask[];
@@ -110,6 +112,11 @@ interface Found {
 
 class Unprovable extends Error {}
 
+/**
+ * Reads the changelog topic to its end and rebuilds, task by task, the versions `db` lacks
+ * (see the module comment); run on a promoted database before `checkAfterFailover`, then hold
+ * `incomplete` tasks. Running it again changes nothing already rebuilt.
+ */
 export async function replayChangelog(
   db: Db,
   kafka: Kafka,
@@ -278,7 +285,10 @@ async function openRecord(db: Db, e: ChangelogEnvelope, o: ReplayChangelogOption
     } catch (err) {
       // Altered bytes, another tenant's key, a shredded key: this record cannot be read. Anything
       // else (a key provider that does not answer) is an outage, not a bad record: the replay stops.
-      if (err instanceof CairnError && (err.code === 'decryption_failed' || err.code === 'key_missing'))
+      if (
+        err instanceof CairnError &&
+        ['decryption_failed', 'key_missing', 'wrong_tenant_key'].includes(err.code)
+      )
         throw new Unprovable(`${at} cannot be read: ${err.message}`);
       throw err;
     }

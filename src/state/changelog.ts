@@ -4,7 +4,7 @@ import { canonicalBytes, sha256 } from '../canonical.js';
 import { type KeyRing, type Signature, signBytes, verifyBytes } from '../checkpoints/signing.js';
 import type { TenantKeys } from '../crypto/tenantKeys.js';
 import type { Executor } from '../db/executor.js';
-import { CairnError } from '../errors.js';
+import { CairnError, ValidationError } from '../errors.js';
 import type { OutboxRow } from '../outbox/message.js';
 import type { Outbox } from '../outbox/outbox.js';
 
@@ -18,6 +18,45 @@ import type { Outbox } from '../outbox/outbox.js';
 /** The default topic of the changelog. */
 export const CHANGELOG_TOPIC = 'cairn.changelog';
 export const CHANGELOG_FORMAT = 'cairn.changelog.v1';
+
+/**
+ * The topic's configuration for `admin.createTopics` (kafkajs ITopicConfig). Every record is
+ * kept for `keepAllMs` (default 7 days: the window in which a region may have to replay), then
+ * compaction keeps the latest record per task (the key), and `retentionMs` (default 30 days)
+ * deletes what is older still. A replay that needs a record compacted away finds a gap, and
+ * the task is held as before, never rebuilt wrong.
+ */
+export function changelogTopicConfig(o: {
+  topic?: string;
+  numPartitions?: number;
+  replicationFactor?: number;
+  keepAllMs?: number;
+  retentionMs?: number;
+}): {
+  topic: string;
+  numPartitions: number;
+  replicationFactor?: number;
+  configEntries: Array<{ name: string; value: string }>;
+} {
+  const day = 24 * 3600 * 1000;
+  const keepAll = o.keepAllMs ?? 7 * day;
+  const retention = o.retentionMs ?? 30 * day;
+  if (retention < keepAll) {
+    throw new ValidationError('changelog topic config', [
+      { path: 'retentionMs', message: `is shorter than keepAllMs (${keepAll})`, value: retention },
+    ]);
+  }
+  return {
+    topic: o.topic ?? CHANGELOG_TOPIC,
+    numPartitions: o.numPartitions ?? 6,
+    ...(o.replicationFactor === undefined ? {} : { replicationFactor: o.replicationFactor }),
+    configEntries: [
+      { name: 'cleanup.policy', value: 'compact,delete' },
+      { name: 'min.compaction.lag.ms', value: String(keepAll) },
+      { name: 'retention.ms', value: String(retention) },
+    ],
+  };
+}
 
 /** What a TaskStore's `changelog` option takes. */
 export interface ChangelogOptions {
@@ -180,6 +219,8 @@ export interface Transition {
   reason: string | null;
   patch: unknown[];
   prevStored: unknown | null;
+  /** stateDigest(prevStored), when the caller knows it already (its previous write's). */
+  prevDigest?: string;
   nextStored: { status: string; schema_version: string };
   messages: readonly OutboxRow[];
 }
@@ -187,7 +228,8 @@ export interface Transition {
 /** Writes a transition's record to the outbox, in the transaction `t` of the change. */
 export interface ChangelogWriter {
   readonly topic: string;
-  write(t: Executor, tr: Transition): Promise<void>;
+  /** Returns the new state's digest (the next record's `prev_state_sha256`). */
+  write(t: Executor, tr: Transition): Promise<string>;
 }
 
 export function createChangelogWriter(o: ChangelogOptions, outbox: Outbox): ChangelogWriter {
@@ -195,16 +237,17 @@ export function createChangelogWriter(o: ChangelogOptions, outbox: Outbox): Chan
   return {
     topic,
     async write(t, tr) {
+      const nextDigest = stateDigest(tr.nextStored);
       const body: ChangelogBody = {
         actor: tr.actor,
         reason: tr.reason,
         patch: tr.patch,
-        prev_state_sha256: tr.prevStored === null ? null : stateDigest(tr.prevStored),
-        state_sha256: stateDigest(tr.nextStored),
+        prev_state_sha256: tr.prevStored === null ? null : (tr.prevDigest ?? stateDigest(tr.prevStored)),
+        state_sha256: nextDigest,
         status: tr.nextStored.status,
         schema_version: tr.nextStored.schema_version,
         messages: tr.messages.map((m) => ({ id: m.message_id, topic: m.topic, key: m.key })),
-        receipts: tr.prevVersion === null ? [] : await receiptsOf(t, tr.taskId),
+        receipts: tr.prevVersion === null ? [] : await receiptsOf(t, tr.taskId, tr.prevVersion),
         consumed: consumedIn.get(t) ?? null,
       };
       const envelope: ChangelogEnvelope = {
@@ -230,6 +273,7 @@ export function createChangelogWriter(o: ChangelogOptions, outbox: Outbox): Chan
         ctx,
       );
       await outbox.insert(t, [{ ...row!, task_seq: tr.messages.length }]);
+      return nextDigest;
     },
   };
 }
@@ -260,15 +304,14 @@ async function sealed(
  * The task's receipts that may have changed since its previous version: unfinished, or
  * started or finished since that version committed. A handful per task (index tool_receipt_task).
  */
-async function receiptsOf(t: Executor, taskId: string): Promise<ChangelogReceipt[]> {
+async function receiptsOf(t: Executor, taskId: string, prevVersion: number): Promise<ChangelogReceipt[]> {
   const r = await sql<ChangelogReceipt>`
     SELECT receipt_id, idempotency_key, step, tool, args_digest, status, attempt, irreversible,
            worker, result_digest
       FROM tool_receipt r
      WHERE r.task_id = ${taskId}
        AND (r.finished_at IS NULL
-            OR r.finished_at >= (SELECT max(at) FROM task_audit a WHERE a.task_id = ${taskId}
-                                   AND a.version < (SELECT version FROM task_state WHERE task_id = ${taskId})))
+            OR r.finished_at >= (SELECT at FROM task_audit a WHERE a.task_id = ${taskId} AND a.version = ${prevVersion}))
      ORDER BY r.started_at, r.receipt_id`.execute(t);
   return r.rows;
 }

@@ -201,11 +201,13 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
   interface Known {
     stored: TaskState;
     plain: TaskState;
+    /** stateDigest(stored), when this store wrote it with the changelog on. */
+    digest?: string;
   }
   const recent = new Map<string, Known>();
-  function remember(plain: TaskState, stored: TaskState): void {
+  function remember(plain: TaskState, stored: TaskState, digest?: string): void {
     recent.delete(plain.task_id);
-    recent.set(plain.task_id, { plain, stored });
+    recent.set(plain.task_id, { plain, stored, ...(digest ? { digest } : {}) });
     if (recent.size > o.cacheSize) recent.delete(recent.keys().next().value as string);
   }
 
@@ -355,6 +357,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
         });
       let swapped: boolean;
       let messageIds: string[] = [];
+      let digest: string | undefined;
       const ctx = {
         defaultKey: next.task_id,
         taskId: next.task_id,
@@ -385,7 +388,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
             }
             if (!(await cas(t))) return false;
             messageIds = await outbox.insert(t, rows);
-            await changelog?.write(t, {
+            digest = await changelog?.write(t, {
               tenantId: next.tenant_id,
               taskId: next.task_id,
               version: next.version,
@@ -394,6 +397,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
               reason: input.reason ?? null,
               patch: auditPatch,
               prevStored: storedDoc,
+              ...(known.stored === storedDoc && known.digest ? { prevDigest: known.digest } : {}),
               nextStored,
               messages: rows,
             });
@@ -413,7 +417,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
         const current = await readRow(ex, input.taskId);
         return stale(input.taskId, input.expectedVersion, current?.version);
       }
-      if (!input.trx) remember(next, nextStored); // a caller's transaction may still roll back
+      if (!input.trx) remember(next, nextStored, digest); // a caller's transaction may still roll back
       log.debug({ task_id: next.task_id, version: next.version, status: next.status }, 'task updated');
       return { ok: true as const, state: next, messageIds };
     },

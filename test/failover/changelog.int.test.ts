@@ -54,7 +54,8 @@ async function regions(changelog: Omit<ChangelogOptions, 'topic'> = {}, keys?: [
     createTaskStore({
       db,
       clock,
-      cacheSize: 0,
+      // The default cache: a record's previous-state digest then comes from the store's last
+      // write, and must equal the digest of the row as region B reads it.
       changelog: { topic, ...changelog },
       ...(k ? { keys: k } : {}),
     });
