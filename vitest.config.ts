@@ -40,8 +40,8 @@ export default defineConfig({
           fileParallelism: false,
         },
       },
-      // Broker failure on a three-node cluster (`npm run test:cluster`): kept out of `npm test`
-      // while an order violation it found once under two brokers down is open (see README).
+      // Broker failure on a three-node cluster (`npm run test:cluster`): kept out of `npm test`.
+      // The order violation it found once under two brokers down is explained in the README.
       ...(process.env.CAIRN_CLUSTER_TESTS === '1'
         ? [
             {

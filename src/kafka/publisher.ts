@@ -2,6 +2,7 @@ import { CompressionTypes, Kafka, type KafkaConfig, logLevel, Partitioners, type
 import { z } from 'zod';
 import { CairnError, CairnErrorCodes } from '../errors.js';
 import { opt, optionsSchema, parseOptions } from '../options.js';
+import { recordingPartitioner, type SentPartition, unacknowledgedPartitions } from './acknowledgements.js';
 
 /** One message to publish: topic, key, bytes and headers. */
 export interface PublishMessage {
@@ -68,6 +69,8 @@ export function createKafkaPublisher(options: KafkaPublisherOptions): Publisher 
   const opts = parseOptions('Kafka publisher options', KafkaPublisherOptionsSchema, options);
   const kafka = kafkaClient(opts.brokers, opts.clientId ?? 'cairn-relay');
   let producer: Producer | undefined;
+  /** The partition kafkajs chose for each message object handed to sendBatch. */
+  const partitionOf = new WeakMap<object, number>();
   /** False after a connect() that failed: such a producer only answers "The producer is disconnected". */
   let connected = false;
   /** The connect in flight: concurrent callers share it, so one producer is ever open. */
@@ -84,7 +87,7 @@ export function createKafkaPublisher(options: KafkaPublisherOptions): Publisher 
           idempotent: true,
           maxInFlightRequests: 1,
           allowAutoTopicCreation: true,
-          createPartitioner: Partitioners.DefaultPartitioner,
+          createPartitioner: recordingPartitioner(Partitioners.DefaultPartitioner, partitionOf),
           retry: { retries: 3, initialRetryTime: 100, maxRetryTime: 2000 },
         });
         producer = next;
@@ -125,14 +128,30 @@ export function createKafkaPublisher(options: KafkaPublisherOptions): Publisher 
         list.push(m);
         byTopic.set(m.topic, list);
       }
-      await p.sendBatch({
+      const topicMessages = [...byTopic].map(([topic, list]) => ({
+        topic,
+        messages: list.map((m) => ({ key: m.key, value: m.value, headers: m.headers })),
+      }));
+      const acks = await p.sendBatch({
         acks: -1,
         ...(opts.compression ? { compression: CompressionTypes.GZIP } : {}),
-        topicMessages: [...byTopic].map(([topic, list]) => ({
-          topic,
-          messages: list.map((m) => ({ key: m.key, value: m.value, headers: m.headers })),
-        })),
+        topicMessages,
       });
+      // kafkajs may resolve a send that never reached a partition whose leader moved during its
+      // retries (see ./acknowledgements.ts): only every partition's own answer counts.
+      const sent: SentPartition[] = topicMessages.flatMap(({ topic, messages: ms }) =>
+        ms.map((m) => ({ topic, partition: partitionOf.get(m) ?? -1 })),
+      );
+      const missing = unacknowledgedPartitions(sent, acks);
+      if (missing.length > 0) {
+        throw new CairnError(
+          CairnErrorCodes.PublishFailed,
+          `kafkajs resolved a send to ${opts.brokers.join(',')} without an acknowledgement from ` +
+            `${missing.map((m) => `${m.topic}/${m.partition}`).join(', ')} (a partition leader moved ` +
+            'during its retries): those messages may never have been written; send the batch again',
+          { retriable: true },
+        );
+      }
     },
     async disconnect() {
       const p = producer;
