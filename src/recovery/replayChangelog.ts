@@ -9,7 +9,7 @@ import type { TenantKeys } from '../crypto/tenantKeys.js';
 import type { Db } from '../db/database.js';
 import type { Trx } from '../db/executor.js';
 import { sqlState } from '../db/sqlstate.js';
-import { CairnError } from '../errors.js';
+import { CairnError, UnavailableError } from '../errors.js';
 import { connectOrUnavailable } from '../kafka/classifyError.js';
 import { objectWith, optionsSchema, parseOptions } from '../options.js';
 import {
@@ -290,7 +290,11 @@ async function openRecord(db: Db, e: ChangelogEnvelope, o: ReplayChangelogOption
         ['decryption_failed', 'key_missing', 'wrong_tenant_key'].includes(err.code)
       )
         throw new Unprovable(`${at} cannot be read: ${err.message}`);
-      throw err;
+      if (err instanceof UnavailableError) throw err;
+      throw new UnavailableError(
+        `changelog replay: the key provider did not open the data key of tenant ${e.tenant_id} (${(err as Error).message}); nothing was replayed for task ${e.task_id}, run it again once it answers`,
+        err,
+      );
     }
   }
   const body = ChangelogBodySchema.safeParse(raw);

@@ -12,6 +12,7 @@ import { createRelay } from '../../relay/relay.js';
 import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys, type TenantKeys } from '../../src/crypto/tenantKeys.js';
 import type { Db } from '../../src/db/database.js';
+import { UnavailableError } from '../../src/errors.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';
@@ -19,6 +20,7 @@ import { type ReplayChangelogOptions, replayChangelog } from '../../src/recovery
 import { type ChangelogEnvelope, type ChangelogOptions, stateDigest } from '../../src/state/changelog.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask, planApproved } from '../state/fixtures.js';
+import { switchableProvider } from '../support/keyProviders.js';
 import {
   createTestDatabase,
   createTestTopic,
@@ -257,7 +259,8 @@ describe('changelog replay after an asynchronous failover', () => {
     const dir = mkdtempSync(join(tmpdir(), 'cairn-changelog-keys-'));
     writeKeyring(join(dir, 'keyring.json'));
     const keysA = createTenantKeys({ db: a.db, provider: localKeyring(join(dir, 'keyring.json')) });
-    const keysB = createTenantKeys({ db: b.db, provider: localKeyring(join(dir, 'keyring.json')) });
+    const kms = switchableProvider(localKeyring(join(dir, 'keyring.json')));
+    const keysB = createTenantKeys({ db: b.db, provider: kms.provider });
     await keysA.addTenant('enc');
     // Region B is A's replica: the same wrapped data key.
     const key = await a.db
@@ -291,7 +294,14 @@ describe('changelog replay after an asynchronous failover', () => {
     const shredded = await replay(topic, { keys: keysB });
     expect(shredded.incomplete[0]?.reason).toMatch(/cannot be read/);
     await b.db.insertInto('tenant_key').values(key).execute();
-    const readable = await replay(topic, { keys: keysB });
+    // The key provider down is an outage, not a bad record: the replay stops, nothing written.
+    // (A fresh process's keys: region B's store above has the data key unwrapped already.)
+    const replayKeys = createTenantKeys({ db: b.db, provider: kms.provider });
+    kms.s.down = true;
+    await expect(replay(topic, { keys: replayKeys })).rejects.toBeInstanceOf(UnavailableError);
+    expect((await docOf(b.db, 'ENC-1'))?.version).toBe(1);
+    kms.s.down = false;
+    const readable = await replay(topic, { keys: replayKeys });
     expect(readable.rebuilt).toEqual([{ taskId: 'ENC-1', tenantId: 'enc', from: 1, to: 2 }]);
     expect(stateDigest((await docOf(b.db, 'ENC-1'))?.doc)).toBe(
       stateDigest((await docOf(a.db, 'ENC-1'))?.doc),
