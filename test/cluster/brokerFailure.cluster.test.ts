@@ -15,6 +15,7 @@ import { createRelay, type Relay } from '../../relay/index.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
+import { everyNodeAgrees } from '../support/clusterProbe.js';
 import { createTestDatabase, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
 import { readTopic, waitFor } from '../support/topicReader.js';
 
@@ -78,24 +79,11 @@ async function createTopic(label: string): Promise<string> {
   );
   // Each broker learns of a new topic from the controller on its own time: until every one lists
   // it with a leader per partition, a client that asks the wrong broker is told it does not exist.
-  await waitFor(
+  await everyNodeAgrees(
+    nodes,
+    topic,
     `every broker to know ${topic}`,
-    async () => {
-      for (const n of nodes) {
-        const one = kafkaClient([n.address], 'broker-failure-probe').admin();
-        try {
-          await one.connect();
-          const meta = await one.fetchTopicMetadata({ topics: [topic] });
-          if (meta.topics[0]?.partitions.filter((p) => p.leader >= 0).length !== 3) return false;
-        } catch {
-          return false;
-        } finally {
-          await one.disconnect().catch(() => {});
-        }
-      }
-      return true;
-    },
-    60_000,
+    (ps) => ps.filter((p) => p.leader >= 0).length === 3,
   );
   return topic;
 }

@@ -10,6 +10,7 @@ import {
 import { createRelay } from '../../relay/index.js';
 import { createKafkaPublisher, kafkaClient, type Publisher } from '../../src/kafka/publisher.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
+import { everyNodeAgrees } from '../support/clusterProbe.js';
 import { createTestDatabase, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
 import { readTopic, waitFor } from '../support/topicReader.js';
 
@@ -52,25 +53,11 @@ function keyOn(partition: number): string {
 
 /** Waits until every node answers that `partition` of `topic` is led by `leader`. */
 async function leaderEverywhere(topic: string, partition: number, leader: number): Promise<void> {
-  await waitFor(
+  await everyNodeAgrees(
+    nodes,
+    topic,
     `every broker to name node ${leader} the leader of ${topic}/${partition}`,
-    async () => {
-      for (const n of nodes) {
-        const one = kafkaClient([n.address], 'leader-move-probe').admin();
-        try {
-          await one.connect();
-          const meta = await one.fetchTopicMetadata({ topics: [topic] });
-          if (meta.topics[0]?.partitions.find((p) => p.partitionId === partition)?.leader !== leader)
-            return false;
-        } catch {
-          return false;
-        } finally {
-          await one.disconnect().catch(() => {});
-        }
-      }
-      return true;
-    },
-    60_000,
+    (ps) => ps.find((p) => p.partitionId === partition)?.leader === leader,
   );
 }
 

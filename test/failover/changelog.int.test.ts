@@ -314,19 +314,20 @@ describe('changelog replay after an asynchronous failover', () => {
       await both([A, B], (s) => s.create({ task: newTask(id), actor: AGENT }));
     // Region A alone: the deploy runs once (its receipt), then an agent consuming a stage
     // message moves the task on in its inbox transaction.
-    const receiptsA = createReceiptStore({ db: a.db, worker: 'tester-a' });
     let ran = 0;
-    const r = await receiptsA.runOnce({
-      taskId: 'RC-1',
-      step: 'deploy',
-      tool: 'deployer',
-      args: { env: 'prod' },
-      onUncertain: 'gate',
-      effect: async () => {
-        ran++;
-        return { deployed: true };
-      },
-    });
+    const deploy = (db: Db, worker: string) =>
+      createReceiptStore({ db, worker }).runOnce({
+        taskId: 'RC-1',
+        step: 'deploy',
+        tool: 'deployer',
+        args: { env: 'prod' },
+        onUncertain: 'gate',
+        effect: async () => {
+          ran++;
+          return { deployed: true };
+        },
+      });
+    const r = await deploy(a.db, 'tester-a');
     expect(r.status).toBe('succeeded');
     const producer = kafka.producer();
     await producer.connect();
@@ -402,17 +403,7 @@ describe('changelog replay after an asynchronous failover', () => {
       .execute();
     expect(inbox).toEqual([{ message_id: 'go-RC-1', tenant_id: 'acme' }]);
     // Region B's tester asks for the same deploy: the restored receipt says it ran; it does not run again.
-    const again = await createReceiptStore({ db: b.db, worker: 'tester-b' }).runOnce({
-      taskId: 'RC-1',
-      step: 'deploy',
-      tool: 'deployer',
-      args: { env: 'prod' },
-      onUncertain: 'gate',
-      effect: async () => {
-        ran++;
-        return { deployed: true };
-      },
-    });
+    const again = await deploy(b.db, 'tester-b');
     expect(again.status).toBe('succeeded');
     expect(ran).toBe(1);
     expect(
