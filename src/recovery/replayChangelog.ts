@@ -174,6 +174,14 @@ export async function replayChangelog(
       });
       continue;
     }
+    if (!row && (await deletedByRetention(db, tenantId, taskId))) {
+      // Its records outlive it on the topic (retention.ms): a replay must not bring it back.
+      report.refused.push({
+        at: [...versions.values()][0]![0]!.at,
+        reason: `task ${taskId} of tenant ${tenantId} was deleted by retention here (a deletion certificate names it): not recreated`,
+      });
+      continue;
+    }
     const task: TaskAt = { tenantId, taskId, version: row?.version ?? 0, doc: row?.doc ?? null };
     const newer = [...versions.keys()].filter((v) => v > task.version).sort((a, b) => a - b);
     if (newer.length === 0) {
@@ -429,6 +437,14 @@ async function restoreReceipt(trx: Trx, e: ChangelogEnvelope, rc: ChangelogRecei
     );
   }
   return 1;
+}
+
+async function deletedByRetention(db: Db, tenantId: string, taskId: string): Promise<boolean> {
+  const r = await sql<{ n: number }>`
+    SELECT count(*)::int AS n FROM deletion_certificate
+     WHERE tenant_id = ${tenantId}
+       AND body->'tasks' @> jsonb_build_array(jsonb_build_object('task_id', ${taskId}::text))`.execute(db);
+  return r.rows[0]!.n > 0;
 }
 
 async function listTopics(kafka: Kafka): Promise<string[]> {

@@ -255,6 +255,23 @@ describe('changelog replay after an asynchronous failover', () => {
     expect((await docOf(b.db, 'VICTIM'))?.version).toBe(2);
   });
 
+  it('a task retention deleted here is not brought back by its records still on the topic', async () => {
+    const { topic, A } = await regions();
+    await A.create({ task: newTask('DELETED-1'), actor: AGENT });
+    await publishA();
+    await sql`INSERT INTO deletion_certificate (certificate_id, run_id, tenant_id, body, digest)
+              VALUES (gen_random_uuid(), gen_random_uuid(), 'acme',
+                      ${JSON.stringify({ tasks: [{ task_id: 'DELETED-1', version: 1 }] })}::jsonb, 'sha256:x')`.execute(
+      b.db,
+    );
+    const r = await replay(topic);
+    expect(r.rebuilt).toEqual([]);
+    expect(r.refused).toEqual([
+      { at: expect.any(String), reason: expect.stringMatching(/DELETED-1 .* deleted by retention here/) },
+    ]);
+    expect(await docOf(b.db, 'DELETED-1')).toBeUndefined();
+  });
+
   it('records are encrypted with the tenant key; shredding the key makes them unreadable', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'cairn-changelog-keys-'));
     writeKeyring(join(dir, 'keyring.json'));
