@@ -12,10 +12,12 @@ const usage = `usage:
   cairn failover check --topics T1,T2 [--group G=T1,T2 ...] [--source-prefix A.] [--hold] [--json]
     Run on the promoted database before anything resumes: reports transitions a published
     message carries that the database lacks, and messages each group committed past without
-    an inbox row here. Exit 1 if anything was lost. --hold quarantines those tasks: no
-    transition and no new side effect until released.
+    an inbox row here. Exit 1 if anything was lost, or if the check could not judge everything
+    (a group without translated offsets, a topic that moved while it ran). --hold quarantines
+    those tasks: no transition and no new side effect until released.
     --source-prefix A.: KAFKA_BROKERS is this region's own cluster, a MirrorMaker 2 mirror of the
-    lost region's; --topics and --group name the mirrored topics (A.T1). Also reports messages
+    lost region's; --topics and --group name the mirrored topics (A.T1; an unprefixed name is
+    refused), and this region's own topics (T1) are read too when they exist. Also reports messages
     the database says were published that the mirror lacks (published, never mirrored), as far
     as checkpoints tell: a task without a checkpoint at its version is not judged. Stop
     MirrorMaker first: a message it copies after the check is not a loss. A message published
@@ -74,6 +76,7 @@ export async function failoverCommand(argv: string[]): Promise<number> {
     const held = values.hold
       ? await quarantine(db, r.divergedTasks, { reason: 'failover check: lost work', actor: values.actor! })
       : 0;
+    const incomplete = r.groupsNotJudged.length > 0 || r.movedDuringCheck.length > 0;
     if (values.json) console.log(JSON.stringify({ ...r, quarantined: held }, null, 2));
     else {
       for (const l of r.lostTransitions)
@@ -88,15 +91,26 @@ export async function failoverCommand(argv: string[]): Promise<number> {
         console.log(
           `lost consumption: ${c.groupId} committed past ${c.topic}/${c.partition}@${c.offset} (${c.taskId})`,
         );
+      for (const g of r.groupsNotJudged)
+        console.log(
+          `not judged: ${g.groupId} on ${g.topic} partition(s) ${g.partitions.join(',')}: no translated offset here (MirrorMaker never checkpointed the group to this cluster); what it consumed there is unknown`,
+        );
+      for (const m of r.movedDuringCheck)
+        console.log(
+          `moved during the check: ${m.topic}/${m.partition} end offset ${m.before} -> ${m.after}; stop MirrorMaker (and this region's relay) and run the check again`,
+        );
+      if (incomplete) console.log('the check is incomplete: do not read it as nothing lost');
       console.log(
         r.divergedTasks.length === 0
-          ? values['source-prefix']
-            ? 'nothing lost that this region can see: the database has everything the mirror holds, and every message its checkpoints name is on the mirror or applied'
-            : 'nothing lost: the database has everything the broker saw'
+          ? incomplete
+            ? 'no loss found in what could be judged'
+            : values['source-prefix']
+              ? 'nothing lost that this region can see: the database has everything the mirror holds, and every message its checkpoints name is on the mirror or applied'
+              : 'nothing lost: the database has everything the broker saw'
           : `${values.hold ? `quarantined ${held} task(s)` : 'hold these tasks (--hold)'}: ${r.divergedTasks.join(', ')}`,
       );
     }
-    return r.divergedTasks.length === 0 ? 0 : 1;
+    return r.divergedTasks.length === 0 && !incomplete ? 0 : 1;
   }, 2);
 }
 

@@ -3,13 +3,21 @@ import type { Kafka } from 'kafkajs';
 import pRetry from 'p-retry';
 import { z } from 'zod';
 import type { Db } from '../db/database.js';
-import { UnavailableError } from '../errors.js';
+import { UnavailableError, ValidationError } from '../errors.js';
 import { connectOrUnavailable } from '../kafka/classifyError.js';
 import { optionsSchema, parseOptions } from '../options.js';
 import { HEADER } from '../outbox/wire.js';
-import { lostConsumptionsOnMirror, type UnmirroredMessage, unmirroredMessages } from './failoverMirror.js';
+import {
+  type GroupNotJudged,
+  localTopicsOfMirror,
+  lostConsumptionsOnMirror,
+  mirrorTopicIssues,
+  type UnmirroredMessage,
+  unmirroredMessages,
+} from './failoverMirror.js';
+import { deletedByRetention, retentionKey } from './retentionDeleted.js';
 
-export type { UnmirroredMessage } from './failoverMirror.js';
+export type { GroupNotJudged, UnmirroredMessage } from './failoverMirror.js';
 
 /** A transition the broker saw (a message it caused) that the database no longer has. */
 export interface LostTransition {
@@ -57,8 +65,30 @@ export interface FailoverReport {
    * on the mirror nor in an inbox, published in the lost region and never mirrored. Empty otherwise.
    */
   unmirroredMessages: UnmirroredMessage[];
+  /**
+   * With `sourcePrefix`: a group's topic partitions that hold messages on the mirror but for
+   * which the group has no translated offset here (MirrorMaker never wrote its checkpoint to
+   * this cluster): what the group consumed there was not judged at all, which is not "nothing
+   * lost". Empty otherwise (on a shared broker a group without an offset consumed nothing).
+   */
+  groupsNotJudged: GroupNotJudged[];
+  /**
+   * Partitions whose end offset moved while the check ran (MirrorMaker still copying, or a
+   * relay still publishing): a message that arrived after the check's snapshot may be reported
+   * as not mirrored, or a loss missed. Non-empty: do not act on the report; stop what writes
+   * to the topics and run the check again.
+   */
+  movedDuringCheck: MovedPartition[];
   /** Tasks to hold for an operator: resuming them could repeat or skip work. */
   divergedTasks: string[];
+}
+
+/** A partition whose end offset was `before` when the check read the topics and `after` when it finished. */
+export interface MovedPartition {
+  topic: string;
+  partition: number;
+  before: string;
+  after: string;
 }
 
 /** What checkAfterFailover compares the promoted database with. */
@@ -73,7 +103,11 @@ export interface FailoverCheckOptions {
    * The topics (and the groups' topics) are a mirror's, named `<sourcePrefix><source topic>`
    * (MirrorMaker 2's `A.` for a source cluster aliased A): consumptions are matched by message
    * id (the mirror's offsets are not the source's), and messages published but never mirrored
-   * are looked for (see failoverMirror.ts).
+   * are looked for (see failoverMirror.ts). Every topic named (in `topics` and in each group's
+   * `topics`) must start with it, or the check refuses to run (ValidationError): an unprefixed
+   * name is this region's own topic, not the mirror. This region's own topics (the source
+   * names, where this region's relay publishes after the failover) are read as well when they
+   * exist, so that a message published here is not taken for one never mirrored.
    */
   sourcePrefix?: string;
 }
@@ -118,12 +152,29 @@ export async function readTopicsToEnd(
   deadlineMs = 60_000,
   opts: { values?: boolean } = {},
 ): Promise<SeenMessage[]> {
-  const seen: SeenMessage[] = [];
+  return (await readTopicsSnapshot(kafka, topics, deadlineMs, opts)).messages;
+}
+
+/** End offsets by "topic/partition" (the next offset to be written), as a snapshot saw them. */
+type EndOffsets = Map<string, { low: bigint; high: bigint }>;
+
+/** readTopicsToEnd, with each partition's offsets at the time of the call. */
+async function readTopicsSnapshot(
+  kafka: Kafka,
+  topics: readonly string[],
+  deadlineMs = 60_000,
+  opts: { values?: boolean } = {},
+): Promise<{ messages: SeenMessage[]; ends: EndOffsets }> {
+  const ends = await endOffsets(kafka, topics, deadlineMs);
+  return { messages: await readUpTo(kafka, topics, ends, deadlineMs, opts), ends };
+}
+
+async function endOffsets(kafka: Kafka, topics: readonly string[], deadlineMs: number): Promise<EndOffsets> {
+  const ends: EndOffsets = new Map();
   // No retries inside kafkajs: it would turn a retriable "not the leader" into a
   // non-retriable "retries exceeded" before the retry below could see it.
   const admin = kafka.admin({ retry: { retries: 0 } });
   await connectOrUnavailable(admin, 'the failover check');
-  const remaining = new Map<string, bigint>(); // "topic/partition" -> last offset to read
   try {
     for (const topic of topics) {
       // Right after a broker restart or a leader election the broker answers "not the leader"
@@ -136,13 +187,25 @@ export async function readTopicsToEnd(
         maxTimeout: 3000,
         shouldRetry: ({ error }) => (error as { retriable?: unknown }).retriable === true,
       });
-      for (const p of offsets) {
-        if (BigInt(p.high) > BigInt(p.low)) remaining.set(`${topic}/${p.partition}`, BigInt(p.high) - 1n);
-      }
+      for (const p of offsets)
+        ends.set(`${topic}/${p.partition}`, { low: BigInt(p.low), high: BigInt(p.high) });
     }
   } finally {
     await admin.disconnect();
   }
+  return ends;
+}
+
+async function readUpTo(
+  kafka: Kafka,
+  topics: readonly string[],
+  ends: EndOffsets,
+  deadlineMs: number,
+  opts: { values?: boolean },
+): Promise<SeenMessage[]> {
+  const seen: SeenMessage[] = [];
+  const remaining = new Map<string, bigint>(); // "topic/partition" -> last offset to read
+  for (const [id, e] of ends) if (e.high > e.low) remaining.set(id, e.high - 1n);
   if (remaining.size === 0) return seen;
   const consumer = kafka.consumer({ groupId: `cairn-failover-check-${randomUUID()}`, maxWaitTimeInMs: 100 });
   await consumer.connect();
@@ -189,7 +252,8 @@ export async function readTopicsToEnd(
 
 /**
  * Messages each group committed past (on the broker) beyond the last one its inbox holds
- * in `db`: the transaction that consumed them committed in the lost region only.
+ * in `db`: the transaction that consumed them committed in the lost region only. On a mirror,
+ * also the group partitions that could not be judged (no translated offset).
  */
 async function lostConsumptions(
   db: Db,
@@ -198,9 +262,11 @@ async function lostConsumptions(
   o: {
     consumers: ReadonlyArray<{ groupId: string; topics: readonly string[] }>;
     sourcePrefix: string | undefined;
+    ends: EndOffsets;
   },
-): Promise<LostConsumption[]> {
+): Promise<{ lost: LostConsumption[]; notJudged: GroupNotJudged[] }> {
   const lost: LostConsumption[] = [];
+  const notJudged: GroupNotJudged[] = [];
   const admin = kafka.admin();
   await connectOrUnavailable(admin, 'the failover check');
   try {
@@ -208,6 +274,19 @@ async function lostConsumptions(
       const committed = await admin.fetchOffsets({ groupId: c.groupId, topics: [...c.topics] });
       if (o.sourcePrefix !== undefined) {
         lost.push(...(await lostConsumptionsOnMirror(db, c.groupId, committed, messages)));
+        // A partition the mirror holds messages on, without a translated offset: MirrorMaker
+        // never checkpointed the group there (or not yet). Nothing here says what it consumed.
+        for (const t of committed) {
+          const partitions = t.partitions
+            .filter((p) => Number(p.offset) < 0)
+            .filter((p) => {
+              const e = o.ends.get(`${t.topic}/${p.partition}`);
+              return e !== undefined && e.high > e.low;
+            })
+            .map((p) => p.partition)
+            .sort((a, b) => a - b);
+          if (partitions.length > 0) notJudged.push({ groupId: c.groupId, topic: t.topic, partitions });
+        }
         continue;
       }
       const held = await db
@@ -242,7 +321,7 @@ async function lostConsumptions(
   } finally {
     await admin.disconnect();
   }
-  return lost;
+  return { lost, notJudged };
 }
 
 /**
@@ -268,14 +347,24 @@ export async function checkAfterFailover(
   options: FailoverCheckOptions,
 ): Promise<FailoverReport> {
   const o = parseOptions('failover check options', FailoverCheckOptionsSchema, options);
-  const messages = await readTopicsToEnd(kafka, o.topics);
+  if (o.sourcePrefix !== undefined) {
+    const issues = mirrorTopicIssues(o.sourcePrefix, o.topics, o.consumers ?? []);
+    if (issues.length > 0) throw new ValidationError('failover check options', issues);
+  }
+  // With a mirror, this region's own topics (the source names) too, where exist: after the
+  // failover this region's relay publishes there, and a message it published is no loss.
+  const local =
+    o.sourcePrefix === undefined ? [] : await localTopicsOfMirror(kafka, o.sourcePrefix, o.topics);
+  const { messages: all, ends } = await readTopicsSnapshot(kafka, [...o.topics, ...local]);
+  const localSet = new Set(local);
+  const messages = all.filter((m) => !localSet.has(m.topic));
   // The task a message's transition belongs to is its cairn-task-id with its tenant (never its
   // key: a message may be keyed by anything, and two tenants may use the same key).
   const seen = new Map<
     string,
     { taskId: string; tenant: string | null; version: number; topic: string; messageId: string }
   >();
-  for (const m of messages) {
+  for (const m of all) {
     if (!m.taskId || m.version === null) continue;
     const id = `${m.tenant ?? ''}\u0000${m.taskId}`;
     if (m.version > (seen.get(id)?.version ?? 0)) {
@@ -302,11 +391,19 @@ export async function checkAfterFailover(
   );
   const tenantOf = new Map([...stored.keys()].map((k) => [k.split('\u0000')[1]!, k.split('\u0000')[0]!]));
   const lostTransitions: LostTransition[] = [];
+  // A task retention deleted here (a deletion certificate names it, at a version at least the
+  // message's) is gone on purpose: its messages outlive it on the topic until the topic's own
+  // retention drops them.
+  const deleted = await deletedByRetention(
+    db,
+    [...seen.entries()].filter(([id]) => !stored.has(id)).map(([, s]) => s),
+  );
   for (const [id, { tenant, ...s }] of seen) {
     // A task that exists under another tenant is not this message's: never hold it for a lie.
     const owner = tenantOf.get(s.taskId);
     if (owner !== undefined && owner !== (tenant ?? '')) continue;
     const v = stored.get(id) ?? null;
+    if (v === null && (deleted.get(retentionKey(tenant, s.taskId)) ?? -1) >= s.version) continue;
     if (v === null || v < s.version) {
       lostTransitions.push({ storedVersion: v, seenVersion: s.version, ...s });
     }
@@ -325,18 +422,34 @@ export async function checkAfterFailover(
         ).map((r) => r.idempotency_key),
   );
   const missingReceipts: MissingReceipt[] = [];
-  const consumed = await lostConsumptions(db, kafka, messages, {
+  const { lost: consumed, notJudged } = await lostConsumptions(db, kafka, messages, {
     consumers: o.consumers ?? [],
     sourcePrefix: o.sourcePrefix,
+    ends,
   });
   const unmirrored =
     o.sourcePrefix === undefined
       ? []
       : await unmirroredMessages(
           db,
-          messages,
+          all,
           (o.consumers ?? []).map((c) => c.groupId),
         );
+  // Read again last: anything copied or published since the snapshot may have been judged
+  // missing above (a message MirrorMaker copied after it is reported as never mirrored).
+  const after = await endOffsets(kafka, [...o.topics, ...local], 60_000);
+  const movedDuringCheck: MovedPartition[] = [];
+  for (const [id, a] of after) {
+    const before = ends.get(id)?.high ?? 0n;
+    if (a.high === before) continue;
+    const cut = id.lastIndexOf('/');
+    movedDuringCheck.push({
+      topic: id.slice(0, cut),
+      partition: Number(id.slice(cut + 1)),
+      before: String(before),
+      after: String(a.high),
+    });
+  }
   const diverged = new Set([...lostTransitions, ...consumed, ...unmirrored].map((l) => l.taskId));
   for (const a of applied) {
     // A receipt in any state means the database knows of the effect: a started or uncertain
@@ -352,6 +465,8 @@ export async function checkAfterFailover(
     lostConsumptions: consumed,
     missingReceipts,
     unmirroredMessages: unmirrored,
+    groupsNotJudged: notJudged,
+    movedDuringCheck,
     divergedTasks: [...diverged].sort(),
   };
 }

@@ -11,10 +11,57 @@
  * still in the outbox, nor on the mirror, nor in any inbox was published where it can no longer
  * be read, and the task would wait for it forever: it is reported, and its task held.
  */
+import type { Kafka } from 'kafkajs';
 import { sql } from 'kysely';
 import type { Db } from '../db/database.js';
+import { connectOrUnavailable } from '../kafka/classifyError.js';
 import { TERMINAL } from '../state/transitions.js';
 import type { LostConsumption, SeenMessage } from './failover.js';
+import { deletedByRetention, retentionKey } from './retentionDeleted.js';
+
+/** A group's partitions of a mirror topic that hold messages but no translated offset of the group. */
+export interface GroupNotJudged {
+  groupId: string;
+  topic: string;
+  partitions: number[];
+}
+
+/**
+ * Every topic the check is told to read on a mirror must be named `<prefix><source topic>`:
+ * an unprefixed name is this region's own topic (where its relay publishes after the
+ * failover), and judging it as the mirror would take this region's messages for the lost
+ * region's. Returns the issues, each naming its field and value.
+ */
+export function mirrorTopicIssues(
+  prefix: string,
+  topics: readonly string[],
+  consumers: ReadonlyArray<{ groupId: string; topics: readonly string[] }>,
+): Array<{ path: string; message: string; value: string }> {
+  const bad = (t: string) => !t.startsWith(prefix) || t.length === prefix.length;
+  const message = `must be a mirror topic named ${prefix}<source topic> (sourcePrefix is ${JSON.stringify(prefix)}); name the mirrored topic, or leave sourcePrefix out on a shared broker`;
+  return [
+    ...topics.flatMap((t, i) => (bad(t) ? [{ path: `topics.${i}`, message, value: t }] : [])),
+    ...consumers.flatMap((c, i) =>
+      c.topics.flatMap((t, j) => (bad(t) ? [{ path: `consumers.${i}.topics.${j}`, message, value: t }] : [])),
+    ),
+  ];
+}
+
+/** The source names of `topics` (prefix removed) that exist on this cluster: this region's own topics. */
+export async function localTopicsOfMirror(
+  kafka: Kafka,
+  prefix: string,
+  topics: readonly string[],
+): Promise<string[]> {
+  const admin = kafka.admin();
+  await connectOrUnavailable(admin, 'the failover check');
+  try {
+    const exists = new Set(await admin.listTopics());
+    return [...new Set(topics.map((t) => t.slice(prefix.length)))].filter((t) => exists.has(t));
+  } finally {
+    await admin.disconnect();
+  }
+}
 
 /** A message the database says was published (its outbox row is gone) that the mirror lacks. */
 export interface UnmirroredMessage {
@@ -30,6 +77,10 @@ export interface UnmirroredMessage {
  * offset syncs, and conservatively: a translated offset may lag the source's), so messages are
  * matched by their message id, not by offset. A lag only hides a loss from this check; a
  * message the group is re-delivered is dropped by the inbox as already applied.
+ *
+ * The mirror keeps a topic's whole retained history, older than anything the database still
+ * holds: a message of a task that retention deleted here (its inbox rows went with it; a
+ * deletion certificate names it and the task is gone) is not a loss and is not reported.
  */
 export async function lostConsumptionsOnMirror(
   db: Db,
@@ -61,8 +112,13 @@ export async function lostConsumptionsOnMirror(
     db,
   );
   const held = new Set(rows.map((r) => key(r.tenant_id, r.message_id)));
-  return past
-    .filter((m) => !held.has(key(m.tenant, m.messageId)))
+  const missing = past.filter((m) => !held.has(key(m.tenant, m.messageId)));
+  const gone = await goneByRetention(db, missing);
+  return missing
+    .filter((m) => {
+      const at = gone.get(retentionKey(m.tenant, m.taskId!));
+      return at === undefined || (m.version !== null && m.version > at);
+    })
     .map((m) => ({
       groupId,
       taskId: m.taskId!,
@@ -71,6 +127,21 @@ export async function lostConsumptionsOnMirror(
       offset: m.offset,
       messageId: m.messageId,
     }));
+}
+
+/** Of the messages' tasks, those absent here that a deletion certificate names (with the version deleted at). */
+async function goneByRetention(db: Db, messages: readonly SeenMessage[]): Promise<Map<string, number>> {
+  if (messages.length === 0) return new Map();
+  const ids = [...new Set(messages.map((m) => m.taskId!))];
+  const { rows } = await sql<{ tenant_id: string; task_id: string }>`
+    SELECT tenant_id, task_id FROM task_state WHERE task_id = ANY(${ids}::text[])`.execute(db);
+  const present = new Set(rows.map((r) => retentionKey(r.tenant_id, r.task_id)));
+  return deletedByRetention(
+    db,
+    messages
+      .map((m) => ({ tenant: m.tenant, taskId: m.taskId! }))
+      .filter((t) => !present.has(retentionKey(t.tenant, t.taskId))),
+  );
 }
 
 /**

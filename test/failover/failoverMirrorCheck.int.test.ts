@@ -1,0 +1,263 @@
+import { execFile } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import { promisify } from 'node:util';
+import type { Kafka } from 'kafkajs';
+import { sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { repoRoot } from '../../cli/stack/paths.js';
+import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
+import { registerTenant } from '../../src/db/tenant.js';
+import { ValidationError } from '../../src/errors.js';
+import { createTopicsAndWait } from '../../src/kafka/ensureTopics.js';
+import { kafkaClient } from '../../src/kafka/publisher.js';
+import { HEADER } from '../../src/outbox/wire.js';
+import { checkAfterFailover } from '../../src/recovery/failover.js';
+import { runRetention, setRetentionPolicy } from '../../src/retention/retention.js';
+import { createTaskStore } from '../../src/state/taskStore.js';
+import { AGENT, newTask, planApproved } from '../state/fixtures.js';
+import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
+
+// The failover check on a mirror, against what its second review found: an unprefixed topic
+// (an operator's slip, or this region's own relay publishing after the failover), a group
+// MirrorMaker never checkpointed, the mirror's history older than retention here, and
+// MirrorMaker still copying during the check.
+// The mirror is a topic named `A.<source>` on the test broker that this file writes as
+// MirrorMaker would (the source's records and headers); a group's translated offsets are set
+// on it as MirrorMaker's checkpoint sync does.
+
+const PREFIX = 'A.';
+let b: TestDatabase;
+let kafka: Kafka;
+beforeAll(async () => {
+  b = await createTestDatabase('failover_mirror_check');
+  kafka = kafkaClient(kafkaBrokers(), 'failover-mirror-check');
+});
+afterAll(async () => {
+  await b?.drop();
+});
+
+/** A source topic name and its mirror (`A.<source>`), the mirror created; `local` creates the source too. */
+async function topics(
+  label: string,
+  o: { local?: boolean } = {},
+): Promise<{ source: string; mirror: string }> {
+  const source = uniqueTopic(label);
+  const mirror = `${PREFIX}${source}`;
+  const admin = kafka.admin();
+  await admin.connect();
+  try {
+    await createTopicsAndWait(admin, [
+      { topic: mirror, numPartitions: 1 },
+      ...(o.local ? [{ topic: source, numPartitions: 1 }] : []),
+    ]);
+  } finally {
+    await admin.disconnect();
+  }
+  return { source, mirror };
+}
+
+interface Sent {
+  taskId: string;
+  version: number;
+  messageId?: string;
+  tenant?: string;
+}
+
+/** Writes messages as the relay (or MirrorMaker copying the relay's) would: Cairn's headers. */
+async function send(topic: string, msgs: readonly Sent[]): Promise<string[]> {
+  const producer = kafka.producer();
+  await producer.connect();
+  const ids = msgs.map((m) => m.messageId ?? randomUUID());
+  try {
+    await producer.send({
+      topic,
+      messages: msgs.map((m, i) => ({
+        key: m.taskId,
+        value: '{}',
+        headers: {
+          [HEADER.messageId]: ids[i]!,
+          [HEADER.tenant]: m.tenant ?? 'acme',
+          [HEADER.taskId]: m.taskId,
+          [HEADER.taskVersion]: String(m.version),
+          [HEADER.taskSeq]: '0',
+        },
+      })),
+    });
+  } finally {
+    await producer.disconnect();
+  }
+  return ids;
+}
+
+/** The group's offset on the mirror, as MirrorMaker's checkpoint sync writes it. */
+async function translatedOffset(groupId: string, topic: string, offset: number): Promise<void> {
+  const admin = kafka.admin();
+  await admin.connect();
+  try {
+    await admin.setOffsets({ groupId, topic, partitions: [{ partition: 0, offset: String(offset) }] });
+  } finally {
+    await admin.disconnect();
+  }
+}
+
+/** A task at version 2 whose checkpoint names one message, its outbox row gone (published): its id. */
+async function publishedTransition(taskId: string, topic: string): Promise<string> {
+  const store = createTaskStore({ db: b.db, checkpointer: createCheckpointer({ db: b.db }), cacheSize: 0 });
+  await store.create({ task: newTask(taskId), actor: AGENT });
+  const r = await store.update({
+    taskId,
+    expectedVersion: 1,
+    patch: planApproved(),
+    actor: AGENT,
+    reason: 'plan approved',
+    messages: [{ topic, key: taskId, payload: {} }],
+  });
+  if (!r.ok) throw new Error('update');
+  const [row] = await b.db
+    .deleteFrom('outbox')
+    .where('task_id', '=', taskId)
+    .returning('message_id')
+    .execute();
+  return row!.message_id;
+}
+
+/** Runs `cairn <args>` against this file's database and the test broker. */
+async function cli(...args: string[]): Promise<{ code: number; stdout: string }> {
+  return promisify(execFile)('npx', ['tsx', 'cli/main.ts', ...args], {
+    cwd: repoRoot,
+    env: { ...process.env, KAFKA_BROKERS: kafkaBrokers().join(','), DATABASE_URL: b.url },
+  }).then(
+    (o) => ({ code: 0, stdout: o.stdout }),
+    (e: { code: number; stdout: string }) => e,
+  );
+}
+
+describe('sourcePrefix is compared with every topic named', () => {
+  it('an unprefixed topic or group topic is refused with a ValidationError naming the field and value', async () => {
+    const { source, mirror } = await topics('slip');
+    const err = await checkAfterFailover(b.db, kafka, {
+      topics: [mirror, source],
+      consumers: [{ groupId: 'g', topics: [source] }],
+      sourcePrefix: PREFIX,
+    }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ValidationError);
+    expect((err as ValidationError).issues).toEqual([
+      expect.objectContaining({ path: 'topics.1', value: source }),
+      expect.objectContaining({ path: 'consumers.0.topics.0', value: source }),
+    ]);
+    expect((err as Error).message).toContain('A.<source topic>');
+  });
+
+  it("a message this region's relay published under the source name after the failover is no unmirrored message: the task is not held", async () => {
+    const { source, mirror } = await topics('local', { local: true });
+    const m = await publishedTransition('LOCAL-1', source);
+    await send(source, [{ taskId: 'LOCAL-1', version: 2, messageId: m }]); // region B's relay
+    const r = await checkAfterFailover(b.db, kafka, {
+      topics: [mirror],
+      consumers: [{ groupId: `g-${randomUUID()}`, topics: [mirror] }],
+      sourcePrefix: PREFIX,
+    });
+    expect(r.unmirroredMessages.map((u) => u.taskId)).not.toContain('LOCAL-1');
+    expect(r.divergedTasks).not.toContain('LOCAL-1');
+  });
+});
+
+describe('a group without translated offsets', () => {
+  it('is reported as not judged, and the CLI prints it and does not exit 0', async () => {
+    const { mirror } = await topics('nockpt');
+    const store = createTaskStore({ db: b.db, cacheSize: 0 });
+    await store.create({ task: newTask('NC-1'), actor: AGENT });
+    await send(mirror, [{ taskId: 'NC-1', version: 1 }]);
+    const judged = `g-judged-${randomUUID()}`;
+    const unjudged = `g-unjudged-${randomUUID()}`;
+    await translatedOffset(judged, mirror, 0);
+    const r = await checkAfterFailover(b.db, kafka, {
+      topics: [mirror],
+      consumers: [
+        { groupId: judged, topics: [mirror] },
+        { groupId: unjudged, topics: [mirror] },
+      ],
+      sourcePrefix: PREFIX,
+    });
+    expect(r.groupsNotJudged).toEqual([{ groupId: unjudged, topic: mirror, partitions: [0] }]);
+    expect(r.divergedTasks).not.toContain('NC-1');
+
+    const out = await cli(
+      'failover',
+      'check',
+      '--source-prefix',
+      PREFIX,
+      '--topics',
+      mirror,
+      '--group',
+      `${unjudged}=${mirror}`,
+    );
+    expect(out.stdout).toContain(`not judged: ${unjudged} on ${mirror} partition(s) 0`);
+    expect(out.stdout).not.toContain('nothing lost that this region can see');
+    expect(out.code).toBe(1);
+  });
+});
+
+describe("the mirror's history older than retention here", () => {
+  it('a task retention deleted is not lost; a task gone without a certificate still is', async () => {
+    await registerTenant(b.db, 'ret');
+    await setRetentionPolicy(b.db, { tenantId: 'ret', dataClass: 'internal', retainDays: 0 });
+    const store = createTaskStore({ db: b.db, cacheSize: 0 });
+    await store.create({ task: newTask('RET-1', { tenant_id: 'ret' }), actor: AGENT });
+    const done = await store.update({
+      taskId: 'RET-1',
+      expectedVersion: 1,
+      patch: { status: 'cancelled' },
+      actor: AGENT,
+    });
+    expect(done.ok).toBe(true);
+    const { mirror } = await topics('retention');
+    const [m1, m2] = await send(mirror, [
+      { taskId: 'RET-1', version: 1, tenant: 'ret' },
+      { taskId: 'RET-1', version: 2, tenant: 'ret' },
+    ]);
+    // The group applied both (its inbox rows), then retention deleted the task and them.
+    for (const [i, id] of [m1!, m2!].entries()) {
+      await sql`INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", tenant_id, key)
+                VALUES ('ret-g', ${id}, ${mirror.slice(PREFIX.length)}, 0, ${i}, 'ret', 'RET-1')`.execute(
+        b.db,
+      );
+    }
+    const run = await runRetention({ db: b.db, actor: AGENT, tenantId: 'ret' });
+    expect(run.tasks).toEqual(['RET-1']);
+    // A task of which nothing is left and no certificate speaks: a real loss.
+    await send(mirror, [{ taskId: 'GONE-1', version: 1, tenant: 'ret' }]);
+    await translatedOffset('ret-g', mirror, 3);
+    const r = await checkAfterFailover(b.db, kafka, {
+      topics: [mirror],
+      consumers: [{ groupId: 'ret-g', topics: [mirror] }],
+      sourcePrefix: PREFIX,
+    });
+    expect(r.lostConsumptions.map((l) => l.taskId)).toEqual(['GONE-1']);
+    expect(r.lostTransitions.map((l) => l.taskId)).toEqual(['GONE-1']);
+    expect(r.divergedTasks).not.toContain('RET-1');
+    expect(r.divergedTasks).toContain('GONE-1');
+  });
+});
+
+describe('MirrorMaker still copying during the check', () => {
+  it('the end offsets that moved are reported (movedDuringCheck)', async () => {
+    const { mirror } = await topics('moving');
+    await send(mirror, [{ taskId: 'MOV-0', version: 1 }]);
+    let copying = true;
+    const copier = (async () => {
+      while (copying) await send(mirror, [{ taskId: 'MOV-1', version: 1 }]);
+    })();
+    try {
+      const r = await checkAfterFailover(b.db, kafka, { topics: [mirror], sourcePrefix: PREFIX });
+      expect(r.movedDuringCheck).toEqual([expect.objectContaining({ topic: mirror, partition: 0 })]);
+      const [moved] = r.movedDuringCheck;
+      expect(BigInt(moved!.after)).toBeGreaterThan(BigInt(moved!.before));
+    } finally {
+      copying = false;
+      await copier;
+    }
+    const still = await checkAfterFailover(b.db, kafka, { topics: [mirror], sourcePrefix: PREFIX });
+    expect(still.movedDuringCheck).toEqual([]);
+  });
+});
