@@ -2,6 +2,7 @@ import { parseArgs } from 'node:util';
 import { kafkaBrokersFromEnv } from '../src/env.js';
 import { kafkaClient } from '../src/kafka/publisher.js';
 import { checkAfterFailover, quarantine, releaseQuarantine } from '../src/recovery/failover.js';
+import { holdDiverged } from '../src/recovery/failoverHold.js';
 import { replayChangelog } from '../src/recovery/replayChangelog.js';
 import { CHANGELOG_TOPIC } from '../src/state/changelog.js';
 import { checkpointKeysFromEnv } from './checkpointKeys.js';
@@ -14,7 +15,8 @@ const usage = `usage:
     message carries that the database lacks, and messages each group committed past without
     an inbox row here. Exit 1 if anything was lost, or if the check could not judge everything
     (a group without translated offsets, a topic that moved while it ran). --hold quarantines
-    those tasks: no transition and no new side effect until released.
+    those tasks: no transition and no new side effect until released; a task released after
+    an earlier check stays released unless the check finds something new for it.
     --source-prefix A.: KAFKA_BROKERS is this region's own cluster, a MirrorMaker 2 mirror of the
     lost region's; --topics and --group name the mirrored topics (A.T1; an unprefixed name is
     refused), and this region's own topics (T1) are read too when they exist. Also reports messages
@@ -73,11 +75,13 @@ export async function failoverCommand(argv: string[]): Promise<number> {
       consumers,
       ...(values['source-prefix'] ? { sourcePrefix: values['source-prefix'] } : {}),
     });
-    const held = values.hold
-      ? await quarantine(db, r.divergedTasks, { reason: 'failover check: lost work', actor: values.actor! })
-      : 0;
+    const hold = values.hold
+      ? await holdDiverged(db, r, { actor: values.actor! })
+      : { held: [], keptReleased: [] };
+    const held = hold.held.length;
     const incomplete = r.groupsNotJudged.length > 0 || r.movedDuringCheck.length > 0;
-    if (values.json) console.log(JSON.stringify({ ...r, quarantined: held }, null, 2));
+    if (values.json)
+      console.log(JSON.stringify({ ...r, quarantined: held, keptReleased: hold.keptReleased }, null, 2));
     else {
       for (const l of r.lostTransitions)
         console.log(
@@ -99,6 +103,8 @@ export async function failoverCommand(argv: string[]): Promise<number> {
         console.log(
           `moved during the check: ${m.topic}/${m.partition} end offset ${m.before} -> ${m.after}; stop MirrorMaker (and this region's relay) and run the check again`,
         );
+      if (hold.keptReleased.length > 0)
+        console.log(`left released (nothing new found since the release): ${hold.keptReleased.join(', ')}`);
       if (incomplete) console.log('the check is incomplete: do not read it as nothing lost');
       console.log(
         r.divergedTasks.length === 0

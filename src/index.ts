@@ -94,6 +94,7 @@ export {
   releaseQuarantine,
   type UnmirroredMessage,
 } from './recovery/failover.js';
+export { type HoldResult, holdDiverged } from './recovery/failoverHold.js';
 export {
   type IncompleteTask,
   type RebuiltTask,

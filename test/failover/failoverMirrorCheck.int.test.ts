@@ -12,6 +12,7 @@ import { createTopicsAndWait } from '../../src/kafka/ensureTopics.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
 import { HEADER } from '../../src/outbox/wire.js';
 import { checkAfterFailover } from '../../src/recovery/failover.js';
+import { holdDiverged } from '../../src/recovery/failoverHold.js';
 import { runRetention, setRetentionPolicy } from '../../src/retention/retention.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask, planApproved } from '../state/fixtures.js';
@@ -19,8 +20,8 @@ import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from
 
 // The failover check on a mirror, against what its second review found: an unprefixed topic
 // (an operator's slip, or this region's own relay publishing after the failover), a group
-// MirrorMaker never checkpointed, the mirror's history older than retention here, and
-// MirrorMaker still copying during the check.
+// MirrorMaker never checkpointed, the mirror's history older than retention here, a check run
+// again after an operator's release, and MirrorMaker still copying during the check.
 // The mirror is a topic named `A.<source>` on the test broker that this file writes as
 // MirrorMaker would (the source's records and headers); a group's translated offsets are set
 // on it as MirrorMaker's checkpoint sync does.
@@ -237,6 +238,44 @@ describe("the mirror's history older than retention here", () => {
     expect(r.lostTransitions.map((l) => l.taskId)).toEqual(['GONE-1']);
     expect(r.divergedTasks).not.toContain('RET-1');
     expect(r.divergedTasks).toContain('GONE-1');
+  });
+});
+
+describe('a check run again after an operator released a task', () => {
+  it('`check --hold` leaves it released while the findings are the same, and holds it again when something new is lost', async () => {
+    const { mirror } = await topics('release');
+    const store = createTaskStore({ db: b.db, cacheSize: 0 });
+    await store.create({ task: newTask('REL-1'), actor: AGENT });
+    await send(mirror, [{ taskId: 'REL-1', version: 3 }]); // region A got further than this database
+    const checkHold = () => cli('failover', 'check', '--source-prefix', PREFIX, '--topics', mirror, '--hold');
+    const active = () =>
+      b.db
+        .selectFrom('task_quarantine')
+        .select('reason')
+        .where('task_id', '=', 'REL-1')
+        .where('released_at', 'is', null)
+        .execute();
+    expect((await checkHold()).code).toBe(1);
+    expect(await active()).toHaveLength(1);
+    expect((await cli('failover', 'release', 'REL-1')).code).toBe(0);
+
+    const again = await checkHold();
+    expect(again.stdout).toContain('left released (nothing new found since the release): REL-1');
+    expect(await active()).toEqual([]);
+
+    await send(mirror, [{ taskId: 'REL-1', version: 4 }]); // something new
+    await checkHold();
+    expect(await active()).toEqual([{ reason: expect.stringContaining('transition v4') }]);
+    // The library's own answer, for a script that holds without the CLI.
+    expect(
+      (
+        await holdDiverged(
+          b.db,
+          await checkAfterFailover(b.db, kafka, { topics: [mirror], sourcePrefix: PREFIX }),
+          { actor: AGENT },
+        )
+      ).held,
+    ).not.toContain('REL-1');
   });
 });
 
