@@ -138,6 +138,8 @@ export interface SeenMessage {
   taskId: string | null;
   version: number | null;
   messageId: string;
+  /** The record's timestamp (ms since the epoch, as a string), when read from a broker. */
+  timestamp?: string;
   /** The payload, only when asked for (`values`). */
   value?: Buffer | null;
 }
@@ -228,6 +230,7 @@ async function readUpTo(
           taskId: header(HEADER.taskId),
           version: Number.isInteger(version) ? version : null,
           messageId: header(HEADER.messageId) ?? '',
+          timestamp: message.timestamp,
           ...(opts.values ? { value: message.value } : {}),
         });
         const id = `${topic}/${partition}`;

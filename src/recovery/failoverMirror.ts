@@ -19,6 +19,9 @@ import { TERMINAL } from '../state/transitions.js';
 import type { LostConsumption, SeenMessage } from './failover.js';
 import { deletedByRetention, retentionKey } from './retentionDeleted.js';
 
+/** Clocks of the relay's host (record timestamps) and the database (applied_at) may disagree by this much. */
+const PRUNE_CLOCK_MARGIN_MS = 60_000;
+
 /** A group's partitions of a mirror topic that hold messages but no translated offset of the group. */
 export interface GroupNotJudged {
   groupId: string;
@@ -81,6 +84,10 @@ export interface UnmirroredMessage {
  * The mirror keeps a topic's whole retained history, older than anything the database still
  * holds: a message of a task that retention deleted here (its inbox rows went with it; a
  * deletion certificate names it and the task is gone) is not a loss and is not reported.
+ * Nor is a message older than the group's oldest inbox row left here (by its record timestamp,
+ * less a minute for clocks): inbox pruning (consumers/sql/pruneInbox.ts) deletes rows by age,
+ * so a row missing from before the oldest one kept may have been pruned; a message applied
+ * after it would still have its row. A group with no inbox row left is judged whole.
  */
 export async function lostConsumptionsOnMirror(
   db: Db,
@@ -112,7 +119,14 @@ export async function lostConsumptionsOnMirror(
     db,
   );
   const held = new Set(rows.map((r) => key(r.tenant_id, r.message_id)));
-  const missing = past.filter((m) => !held.has(key(m.tenant, m.messageId)));
+  const oldest = await sql<{ at: Date | null }>`
+    SELECT min(applied_at) AS at FROM inbox WHERE consumer_group = ${groupId}`.execute(db);
+  const horizon = oldest.rows[0]?.at ? oldest.rows[0].at.getTime() - PRUNE_CLOCK_MARGIN_MS : null;
+  const missing = past.filter(
+    (m) =>
+      !held.has(key(m.tenant, m.messageId)) &&
+      (horizon === null || m.timestamp === undefined || Number(m.timestamp) >= horizon),
+  );
   const gone = await goneByRetention(db, missing);
   return missing
     .filter((m) => {

@@ -62,6 +62,8 @@ interface Sent {
   version: number;
   messageId?: string;
   tenant?: string;
+  /** The record's timestamp (ms); the producer's clock otherwise. */
+  timestamp?: number;
 }
 
 /** Writes messages as the relay (or MirrorMaker copying the relay's) would: Cairn's headers. */
@@ -75,6 +77,7 @@ async function send(topic: string, msgs: readonly Sent[]): Promise<string[]> {
       messages: msgs.map((m, i) => ({
         key: m.taskId,
         value: '{}',
+        ...(m.timestamp === undefined ? {} : { timestamp: String(m.timestamp) }),
         headers: {
           [HEADER.messageId]: ids[i]!,
           [HEADER.tenant]: m.tenant ?? 'acme',
@@ -238,6 +241,27 @@ describe("the mirror's history older than retention here", () => {
     expect(r.lostTransitions.map((l) => l.taskId)).toEqual(['GONE-1']);
     expect(r.divergedTasks).not.toContain('RET-1');
     expect(r.divergedTasks).toContain('GONE-1');
+  });
+  it('a message older than the oldest inbox row the group kept (pruned by age) is not lost; a recent one missing still is', async () => {
+    const store = createTaskStore({ db: b.db, cacheSize: 0 });
+    await store.create({ task: newTask('PRUNE-1'), actor: AGENT });
+    const { mirror } = await topics('pruned');
+    const [, kept] = await send(mirror, [
+      { taskId: 'PRUNE-1', version: 1, timestamp: Date.now() - 2 * 86_400_000 }, // applied, row pruned
+      { taskId: 'PRUNE-1', version: 1 }, // applied, row kept
+      { taskId: 'PRUNE-1', version: 1 }, // applied in region A only: lost
+    ]);
+    await sql`INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", tenant_id, key)
+              VALUES ('prune-g', ${kept!}, ${mirror.slice(PREFIX.length)}, 0, 1, 'acme', 'PRUNE-1')`.execute(
+      b.db,
+    );
+    await translatedOffset('prune-g', mirror, 3);
+    const r = await checkAfterFailover(b.db, kafka, {
+      topics: [mirror],
+      consumers: [{ groupId: 'prune-g', topics: [mirror] }],
+      sourcePrefix: PREFIX,
+    });
+    expect(r.lostConsumptions.map((l) => l.offset)).toEqual(['2']);
   });
 });
 
