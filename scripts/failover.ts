@@ -67,12 +67,16 @@ for (const c of r.checks) {
 console.log('');
 console.log(`RTO (kill of region A -> first transition in region B): ${r.rtoMs} ms`);
 console.log(
-  `  promote ${r.promoteMs} ms, check ${r.checkMs} ms, resume of ${r.resumed} tasks ${r.resumeMs} ms`,
+  `  promote ${r.promoteMs} ms, check ${r.checkMs} ms (changelog replay ${r.changelog.replayMs} ms of it), resume of ${r.resumed} tasks ${r.resumeMs} ms`,
+);
+console.log(
+  `changelog replay: ${r.changelog.rebuilt.length} tasks rebuilt (${r.changelog.rebuilt.join(', ') || 'none'}), ` +
+    `${r.changelog.incomplete.length} incomplete (${r.changelog.incomplete.join(', ') || 'none'}), ${r.changelog.refused} records refused`,
 );
 console.log(
   `lost in region B: ${r.report.lostTransitions.length} transitions, ${r.report.lostConsumptions.length} consumptions, ` +
     `${r.report.missingReceipts.length} receipts, ${r.report.unmirroredMessages.length} messages not mirrored` +
-    `${r.unmirrored === null ? '' : ` (${r.unmirrored} on A's broker only)`}; witness ${r.witness.lost}/${r.witness.acked}; held: ${r.report.divergedTasks.join(', ') || 'none'}`,
+    `${r.unmirrored === null ? '' : ` (${r.unmirrored} on A's broker only)`}; witness ${r.witness.lost}/${r.witness.acked} (${r.witness.lostAfterReplay} after the replay); held: ${r.held.join(', ') || 'none'}`,
 );
 console.log(
   JSON.stringify({
@@ -87,8 +91,14 @@ console.log(
     missing_receipts: r.report.missingReceipts.length,
     unmirrored_detected: r.report.unmirroredMessages.length,
     unmirrored_on_a: r.unmirrored,
-    held_tasks: r.report.divergedTasks.length,
+    rebuilt_tasks: r.changelog.rebuilt.length,
+    incomplete_tasks: r.changelog.incomplete.length,
+    refused_records: r.changelog.refused,
+    replay_ms: r.changelog.replayMs,
+    diverged_tasks: r.report.divergedTasks.length,
+    held_tasks: r.held.length,
     witness_lost: r.witness.lost,
+    witness_lost_after_replay: r.witness.lostAfterReplay,
     tasks_behind: r.truth.tasksBehind.length,
     violations: r.violations,
   }),

@@ -7,6 +7,8 @@
  * Environment: DATABASE_URL, KAFKA_BROKERS, DEMO_RUN, DEMO_ROLE, SINK_URL; DEMO_SESSION_TIMEOUT_MS
  * (the Kafka session, default 3000) and DEMO_DEPLOY_LEASE_TTL_MS (default 2000): short, so that a
  * crash shows quickly in the demo; the chaos soak sets longer ones that fit a busy machine.
+ * DEMO_CHANGELOG_TOPIC: every committed version also goes to this changelog topic (issue 20),
+ * signed with CAIRN_CHECKPOINT_KEYS's ring when there is one.
  */
 import { sql } from 'kysely';
 import { checkpointKeysFromEnv } from '../../cli/checkpointKeys.js';
@@ -59,8 +61,22 @@ const db = createDb({
   applicationName: `cairn-demo-${role}`,
 });
 // Signed when CAIRN_CHECKPOINT_KEYS names a key ring (kid:secret,...): verify and the console check them.
-const checkpointer = createCheckpointer({ db, ...checkpointKeysFromEnv(db) });
-const store = createTaskStore({ db, checkpointer, logger });
+const checkpointKeys = checkpointKeysFromEnv(db);
+const checkpointer = createCheckpointer({ db, ...checkpointKeys });
+const changelogTopic = process.env.DEMO_CHANGELOG_TOPIC;
+const store = createTaskStore({
+  db,
+  checkpointer,
+  logger,
+  ...(changelogTopic
+    ? {
+        changelog: {
+          topic: changelogTopic,
+          ...(checkpointKeys.keyRing ? { keyRing: checkpointKeys.keyRing } : {}),
+        },
+      }
+    : {}),
+});
 const leases = createLeaseManager({ db });
 const receipts = createReceiptStore({ db, checkpointer, worker: `${role}:${process.pid}` });
 

@@ -1,7 +1,10 @@
 import type { FailoverReport } from '../../src/recovery/failover.js';
 import { workflowDigestOf } from '../../src/recovery/resume.js';
+import { stateDigest } from '../../src/state/changelog.js';
+import { type AuditEntry, replayAudit } from '../../src/state/replay.js';
 import type { TaskStore } from '../../src/state/taskStore.js';
 import { WORKFLOW_DEFINITION } from '../demo/workflow.js';
+import type { RebuiltDigest } from './changelogReplay.js';
 import { restart } from './pgCluster.js';
 
 const WITNESSES = 3;
@@ -91,14 +94,18 @@ export async function snapshot(
 /**
  * Starts region A's data folder again (crash recovery, as a new server on a new port) and
  * compares it with what region B held at promotion: which tasks were really behind, and
- * whether every task the check flagged had really lost a transition, a consumption or a receipt.
+ * whether every task held (by default the check's diverged tasks) had really lost a
+ * transition, a consumption or a receipt. With `rebuilt` (what the changelog replay rebuilt,
+ * as region B held it right after the replay): the tasks whose state digest at that version
+ * differs from region A's, or that region A never had at that version.
  */
 export async function regionATruth(
   root: string,
   b: Snapshot,
   report: FailoverReport,
   log: (line: string) => void,
-): Promise<{ tasksBehind: string[]; falselyFlagged: string[] }> {
+  o: { held?: readonly string[]; rebuilt?: ReadonlyMap<string, RebuiltDigest> } = {},
+): Promise<{ tasksBehind: string[]; falselyFlagged: string[]; digestMismatched: string[] }> {
   const a = await restart(root, 'region_a');
   try {
     const at = await snapshot((text) => a.query(text, 'cairn'));
@@ -112,10 +119,61 @@ export async function regionATruth(
       if (m.taskId && at.receipts.has(m.idempotencyKey) && !b.receipts.has(m.idempotencyKey))
         justified.add(m.taskId);
     }
-    const falselyFlagged = report.divergedTasks.filter((id) => !justified.has(id));
-    log(`[failover] region A's own data: ${behind.length} tasks were ahead of region B at promotion`);
-    return { tasksBehind: behind.sort(), falselyFlagged };
+    const falselyFlagged = (o.held ?? report.divergedTasks).filter((id) => !justified.has(id));
+    const digestMismatched = o.rebuilt?.size ? await mismatchedDigests(a, o.rebuilt) : [];
+    log(
+      `[failover] region A's own data: ${behind.length} tasks were ahead of region B at promotion` +
+        (o.rebuilt
+          ? `; ${o.rebuilt.size - digestMismatched.length} of ${o.rebuilt.size} rebuilt tasks match A's state digest`
+          : ''),
+    );
+    return { tasksBehind: behind.sort(), falselyFlagged, digestMismatched };
   } finally {
     await a.stop();
   }
+}
+
+/**
+ * Region A's document of each rebuilt task at the rebuilt version: its current one when A
+ * stopped there, else its audit replayed up to that version (A may have committed more that
+ * never reached the topic).
+ */
+async function mismatchedDigests(
+  a: Awaited<ReturnType<typeof restart>>,
+  rebuilt: ReadonlyMap<string, RebuiltDigest>,
+): Promise<string[]> {
+  const docs = new Map(
+    (
+      await a.query<{ task_id: string; version: number; doc: unknown }>(
+        'SELECT task_id, version::int AS version, doc FROM task_state',
+        'cairn',
+      )
+    ).map((r) => [r.task_id, r] as const),
+  );
+  const audit = new Map<string, AuditEntry[]>();
+  for (const r of await a.query<AuditEntry & { task_id: string }>(
+    'SELECT task_id, version::int AS version, prev_version::int AS prev_version, patch FROM task_audit ORDER BY task_id, version',
+    'cairn',
+  )) {
+    const list = audit.get(r.task_id) ?? [];
+    list.push(r);
+    audit.set(r.task_id, list);
+  }
+  const bad: string[] = [];
+  for (const [id, inB] of rebuilt) {
+    const inA = docs.get(id);
+    let digest: string | undefined;
+    if (inA && Number(inA.version) === inB.version) digest = stateDigest(inA.doc);
+    else if (inA && Number(inA.version) > inB.version) {
+      try {
+        digest = stateDigest(
+          replayAudit((audit.get(id) ?? []).filter((e) => Number(e.version) <= inB.version)),
+        );
+      } catch {
+        digest = undefined;
+      }
+    }
+    if (digest !== inB.digest) bad.push(id);
+  }
+  return bad.sort();
 }

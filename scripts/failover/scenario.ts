@@ -19,6 +19,7 @@ import { ROLES, type Role, topicOf, WORKFLOW_DEFINITION } from '../demo/workflow
 import { type Sink, startSink } from '../lib/effectSink.js';
 import { type Child, sigkill, sigterm, spawnTs } from '../lib/spawnTs.js';
 import { cutOffRegionA } from './asyncLoss.js';
+import { replayIntoRegionB, runKeyRing } from './changelogReplay.js';
 import { regionATruth, snapshot, startWitness } from './evidence.js';
 import { lagMirror, MIRROR_PREFIX, mirrorTruth, startRegionB } from './perRegion.js';
 import { type PgServer, requireSynchronous, startPrimary, startStandby } from './pgCluster.js';
@@ -53,13 +54,18 @@ export interface FailoverResult {
   /** Kill of region A to the first transition an agent committed in region B; null when nothing was resumable. */
   rtoMs: number | null;
   promoteMs: number;
+  /** Promotion to the end of the check, the changelog replay included. */
   checkMs: number;
   resumeMs: number;
   report: FailoverReport;
+  /** The changelog replay into region B, before the check: what it rebuilt, what it could not, how long it took. */
+  changelog: { rebuilt: string[]; incomplete: string[]; refused: number; replayMs: number };
+  /** Tasks quarantined in region B: the check's diverged tasks and the replay's incomplete ones. */
+  held: string[];
   /** Witness writes acknowledged by region A, and how many of them region B lacks. */
-  witness: { acked: number; lost: number };
+  witness: { acked: number; lost: number; lostAfterReplay: number };
   /** From region A's own data folder, restarted after the test: tasks whose version B lacked. */
-  truth: { tasksBehind: string[]; falselyFlagged: string[] };
+  truth: { tasksBehind: string[]; falselyFlagged: string[]; digestMismatched: string[] };
   resumed: number;
   /** per-region: messages region A's broker has that the mirror lacked at the failover. */
   unmirrored: number | null;
@@ -127,12 +133,15 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     const run = `failover-${o.mode}-${Date.now().toString(36)}`;
     const stageTopics = ['planning', 'implementing', 'reviewing', 'testing'].map((s) => topicOf(run, s));
     const witnessTopic = topicOf(run, 'witness');
+    // Every committed version also goes to the changelog (issue 20), signed with the run's ring.
+    const changelogTopic = topicOf(run, 'changelog');
+    const signing = runKeyRing(run);
     const kafka = kafkaClient(o.kafkaBrokers.split(','), 'cairn-failover');
     const admin = kafka.admin();
     await admin.connect();
     await createTopicsAndWait(
       admin,
-      [...stageTopics, witnessTopic].map((topic) => ({ topic, numPartitions: 3 })),
+      [...stageTopics, witnessTopic, changelogTopic].map((topic) => ({ topic, numPartitions: 3 })),
     );
     await admin.disconnect();
     const allTopics = [...stageTopics, witnessTopic];
@@ -140,7 +149,7 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       regionB = await startRegionB({
         root,
         run,
-        topics: allTopics,
+        topics: [...allTopics, changelogTopic],
         sourceBrokers: o.kafkaBrokers,
         kafkaOf: (b) => kafkaClient(b.split(','), 'cairn-failover'),
         log: o.log,
@@ -158,6 +167,8 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       CAIRN_RELAY_MAX_IDLE_MS: '50',
       DEMO_WORK_MS: String(o.workMs),
       CAIRN_RELAY_INSTANCE: `relay-${region}`,
+      DEMO_CHANGELOG_TOPIC: changelogTopic,
+      CAIRN_CHECKPOINT_KEYS: signing.env,
     });
     const startRegion = (url: string, region: string) => {
       const started = [
@@ -171,7 +182,11 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     };
     const regionA = startRegion(a.url('cairn'), 'a');
 
-    const storeA = createTaskStore({ db: dbA, checkpointer: createCheckpointer({ db: dbA }) });
+    const storeA = createTaskStore({
+      db: dbA,
+      checkpointer: createCheckpointer({ db: dbA, keyRing: signing.ring }),
+      changelog: { topic: changelogTopic, keyRing: signing.ring },
+    });
     for (let i = 0; i < o.tasks; i++) await createDemoTask(dbA, storeA, run, i);
     const witness = startWitness(storeA, witnessTopic);
     await witness.ready;
@@ -212,9 +227,15 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       async (text) => (await sql.raw(text).execute(dbB)).rows as Array<Record<string, unknown>>,
     );
 
-    // --- what did region B not receive? -------------------------------------------------------
+    // --- rebuild what the changelog proves, then: what did region B not receive? ----------------
     // On its own cluster region B sees the mirror: the topics as MirrorMaker names them.
     const seenAs = (t: string) => (regionB ? `${MIRROR_PREFIX}${t}` : t);
+    const replay = await replayIntoRegionB(dbB, kafkaB, {
+      topic: seenAs(changelogTopic),
+      keyRing: signing.ring,
+      ...(regionB ? { sourcePrefix: MIRROR_PREFIX } : {}),
+      log: o.log,
+    });
     const groups = ROLE_NAMES.map((r) => ({
       groupId: `demo-${run}-${r}`,
       topics: [seenAs(topicOf(run, ROLES[r].from))],
@@ -229,23 +250,45 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     });
     const checkedAt = Date.now();
     await o.afterCheck?.(b.url('cairn'), allTopics.map(seenAs), groups, regionB?.brokers ?? o.kafkaBrokers);
-    const diverged = new Set(report.divergedTasks);
+    // Held: what the check still finds diverged after the replay, and what the replay could not prove.
+    const diverged = new Set([...report.divergedTasks, ...replay.report.incomplete.map((i) => i.taskId)]);
     await quarantine(dbB, report.divergedTasks, {
       reason: 'failover: region B lacks work the outside world saw',
       actor: 'spiffe://demo.cairn.local/failover/operator',
     });
+    for (const i of replay.report.incomplete) {
+      await quarantine(dbB, [i.taskId], {
+        reason: `failover: the changelog cannot rebuild what region B lost: ${i.reason}`,
+        actor: 'spiffe://demo.cairn.local/failover/operator',
+      });
+    }
     const witnessLost = [...witness.acked].reduce(
       (n, [id, v]) => n + Math.max(0, v - (atPromotion.versions.get(id) ?? 0)),
       0,
     );
+    // The witness again after the replay: what the changelog could not give back.
+    const afterReplay = new Map(
+      (
+        await dbB
+          .selectFrom('task_state')
+          .select(['task_id', 'version'])
+          .where('task_id', 'like', 'witness-%')
+          .execute()
+      ).map((r) => [r.task_id, r.version] as const),
+    );
+    const witnessStillLost = [...witness.acked].reduce(
+      (n, [id, v]) => n + Math.max(0, v - (afterReplay.get(id) ?? 0)),
+      0,
+    );
     o.log(
       `[failover] check: ${report.lostTransitions.length} lost transitions, ${report.lostConsumptions.length} lost consumptions, ` +
-        `${report.missingReceipts.length} missing receipts, ${report.unmirroredMessages.length} messages not mirrored, ${diverged.size} tasks held; witness writes lost ${witnessLost} of ${witness.count()}`,
+        `${report.missingReceipts.length} missing receipts, ${report.unmirroredMessages.length} messages not mirrored, ${diverged.size} tasks held ` +
+        `(${report.divergedTasks.length} diverged, ${replay.report.incomplete.length} incomplete in the changelog); witness writes lost ${witnessLost} of ${witness.count()}, ${witnessStillLost} after the replay`,
     );
 
     // --- region B takes over: its processes, then every task resumed from its checkpoint ----
     startRegion(b.url('cairn'), 'b');
-    const checkpointsB = createCheckpointer({ db: dbB });
+    const checkpointsB = createCheckpointer({ db: dbB, keyRing: signing.ring });
     const storeB = createTaskStore({ db: dbB, checkpointer: checkpointsB });
     const leasesB = createLeaseManager({ db: dbB });
     const receiptsB = createReceiptStore({ db: dbB, checkpointer: checkpointsB, worker: 'failover-resumer' });
@@ -282,10 +325,11 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       await waitUntil(
         'the first transition in region B',
         async () => {
+          // A replayed audit row keeps its transition's actor (an agent's): it is not region B's work.
           const r = await sql<{ at: Date }>`
-          SELECT min(at) AS at FROM task_audit WHERE actor LIKE '%/agents/%' AND at > to_timestamp(${promotedAt / 1000})`.execute(
-            dbB,
-          );
+          SELECT min(at) AS at FROM task_audit
+           WHERE actor LIKE '%/agents/%' AND at > to_timestamp(${promotedAt / 1000})
+             AND coalesce(reason, '') NOT LIKE 'replayed from changelog %'`.execute(dbB);
           if (r.rows[0]?.at) rtoMs = r.rows[0].at.getTime() - killedAt;
           return rtoMs !== null;
         },
@@ -336,12 +380,34 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       SELECT DISTINCT task_id FROM (
         SELECT task_id FROM task_audit WHERE at > to_timestamp(${promotedAt / 1000})
         UNION ALL SELECT task_id FROM tool_receipt WHERE started_at > to_timestamp(${promotedAt / 1000})) x
-       WHERE task_id = ANY(${report.divergedTasks}::text[])`.execute(dbB);
+       WHERE task_id = ANY(${[...diverged]}::text[])`.execute(dbB);
     checks.push({
       name: 'held tasks untouched in region B',
       expected: `${diverged.size} untouched`,
       actual: `${touched.rows.length} changed`,
       violations: touched.rows.length,
+    });
+    // Rebuilt demo tasks go on in region B: complete, the deploy applied once (the sink's keys).
+    const rebuiltDemo = replay.report.rebuilt.map((r) => r.taskId).filter((id) => id.startsWith('demo-'));
+    const completeB = new Set(
+      (
+        await dbB
+          .selectFrom('task_state')
+          .select('task_id')
+          .where('status', '=', 'complete')
+          .where('task_id', 'in', rebuiltDemo.length ? rebuiltDemo : [''])
+          .execute()
+      ).map((r) => r.task_id),
+    );
+    const rebuiltBad = rebuiltDemo.filter((id) => {
+      const keys = [...(sink!.keysByOperation.get(id) ?? [])];
+      return !completeB.has(id) || keys.length !== 1 || (sink!.applied.get(keys[0]!) ?? 0) !== 1;
+    }).length;
+    checks.push({
+      name: 'rebuilt tasks complete, deploy once (sink)',
+      expected: `${rebuiltDemo.length} tasks`,
+      actual: `${rebuiltDemo.length - rebuiltBad} tasks`,
+      violations: rebuiltBad,
     });
     if (o.mode === 'sync') {
       const lost =
@@ -361,7 +427,16 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     }
 
     // --- the truth, from region A's own data folder (and broker) ---------------------------------
-    const truth = await regionATruth(root, atPromotion, report, o.log);
+    const truth = await regionATruth(root, atPromotion, report, o.log, {
+      held: [...diverged],
+      rebuilt: replay.rebuilt,
+    });
+    checks.push({
+      name: 'rebuilt tasks: state digest as in region A',
+      expected: `${replay.rebuilt.size} equal`,
+      actual: `${replay.rebuilt.size - truth.digestMismatched.length} equal`,
+      violations: truth.digestMismatched.length,
+    });
     let unmirrored: number | null = null;
     if (regionB) {
       const m = await mirrorTruth(kafka, kafkaB, allTopics, report);
@@ -389,7 +464,14 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       checkMs: checkedAt - promotedAt,
       resumeMs: resumedAt - checkedAt,
       report,
-      witness: { acked: witness.count(), lost: witnessLost },
+      changelog: {
+        rebuilt: replay.report.rebuilt.map((r) => r.taskId),
+        incomplete: replay.report.incomplete.map((i) => i.taskId),
+        refused: replay.report.refused.length,
+        replayMs: replay.ms,
+      },
+      held: [...diverged].sort(),
+      witness: { acked: witness.count(), lost: witnessLost, lostAfterReplay: witnessStillLost },
       truth,
       resumed,
       unmirrored,
