@@ -11,6 +11,8 @@ import type { KeyRing } from '../../src/checkpoints/signing.js';
 import type { Db } from '../../src/db/database.js';
 import { type ReplayReport, replayChangelog } from '../../src/recovery/replayChangelog.js';
 import { stateDigest } from '../../src/state/changelog.js';
+import type { Check } from '../demo/verify.js';
+import type { Sink } from '../lib/effectSink.js';
 
 /**
  * The run's signing key ring: CAIRN_CHECKPOINT_KEYS's form (`kid:secret`) for the processes,
@@ -67,4 +69,35 @@ export async function replayIntoRegionB(
         : ''),
   );
   return { report, ms, rebuilt };
+}
+
+/**
+ * Rebuilt demo tasks went on in region B: each is complete and the sink saw one idempotency
+ * key for its deploy, applied once (whether the deploy ran in region A before the loss, its
+ * receipt restored by the replay, or in region B after it).
+ */
+export async function rebuiltTasksDone(db: Db, sink: Sink, rebuilt: ReplayReport['rebuilt']): Promise<Check> {
+  const ids = rebuilt.map((r) => r.taskId).filter((id) => id.startsWith('demo-'));
+  const complete = new Set(
+    ids.length
+      ? (
+          await db
+            .selectFrom('task_state')
+            .select('task_id')
+            .where('status', '=', 'complete')
+            .where('task_id', 'in', ids)
+            .execute()
+        ).map((r) => r.task_id)
+      : [],
+  );
+  const bad = ids.filter((id) => {
+    const keys = [...(sink.keysByOperation.get(id) ?? [])];
+    return !complete.has(id) || keys.length !== 1 || (sink.applied.get(keys[0]!) ?? 0) !== 1;
+  }).length;
+  return {
+    name: 'rebuilt tasks complete, deploy once (sink)',
+    expected: `${ids.length} tasks`,
+    actual: `${ids.length - bad} tasks`,
+    violations: bad,
+  };
 }

@@ -19,7 +19,7 @@ import { ROLES, type Role, topicOf, WORKFLOW_DEFINITION } from '../demo/workflow
 import { type Sink, startSink } from '../lib/effectSink.js';
 import { type Child, sigkill, sigterm, spawnTs } from '../lib/spawnTs.js';
 import { cutOffRegionA } from './asyncLoss.js';
-import { replayIntoRegionB, runKeyRing } from './changelogReplay.js';
+import { rebuiltTasksDone, replayIntoRegionB, runKeyRing } from './changelogReplay.js';
 import { regionATruth, snapshot, startWitness } from './evidence.js';
 import { lagMirror, MIRROR_PREFIX, mirrorTruth, startRegionB } from './perRegion.js';
 import { type PgServer, requireSynchronous, startPrimary, startStandby } from './pgCluster.js';
@@ -387,28 +387,7 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       actual: `${touched.rows.length} changed`,
       violations: touched.rows.length,
     });
-    // Rebuilt demo tasks go on in region B: complete, the deploy applied once (the sink's keys).
-    const rebuiltDemo = replay.report.rebuilt.map((r) => r.taskId).filter((id) => id.startsWith('demo-'));
-    const completeB = new Set(
-      (
-        await dbB
-          .selectFrom('task_state')
-          .select('task_id')
-          .where('status', '=', 'complete')
-          .where('task_id', 'in', rebuiltDemo.length ? rebuiltDemo : [''])
-          .execute()
-      ).map((r) => r.task_id),
-    );
-    const rebuiltBad = rebuiltDemo.filter((id) => {
-      const keys = [...(sink!.keysByOperation.get(id) ?? [])];
-      return !completeB.has(id) || keys.length !== 1 || (sink!.applied.get(keys[0]!) ?? 0) !== 1;
-    }).length;
-    checks.push({
-      name: 'rebuilt tasks complete, deploy once (sink)',
-      expected: `${rebuiltDemo.length} tasks`,
-      actual: `${rebuiltDemo.length - rebuiltBad} tasks`,
-      violations: rebuiltBad,
-    });
+    checks.push(await rebuiltTasksDone(dbB, sink, replay.report.rebuilt));
     if (o.mode === 'sync') {
       const lost =
         report.lostTransitions.length + report.lostConsumptions.length + report.missingReceipts.length;
