@@ -337,6 +337,7 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       );
     const expected = [...Array(o.tasks).keys()].map((i) => `demo-${String(i).padStart(4, '0')}`);
     const healthy = expected.filter((id) => !diverged.has(id));
+    let waitingFor = '';
     await waitUntil(
       `${healthy.length} tasks complete in region B`,
       async () => {
@@ -350,10 +351,13 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
         const outbox = await sql<{
           n: number;
         }>`SELECT count(*)::int AS n FROM outbox WHERE topic <> ${witnessTopic}`.execute(dbB);
+        waitingFor = `open: ${healthy.filter((id) => !ids.has(id)).join(', ') || 'none'}; outbox rows: ${outbox.rows[0]!.n}`;
         return healthy.every((id) => ids.has(id)) && outbox.rows[0]!.n === 0;
       },
       o.timeoutS * 1000,
-    );
+    ).catch((err: Error) => {
+      throw new Error(`${err.message} (${waitingFor})`);
+    });
     o.log(
       `[failover] region B: promoted in ${promotedAt - killedAt} ms, checked in ${checkedAt - promotedAt} ms, ` +
         `${resumed} tasks resumed in ${resumedAt - checkedAt} ms, first transition ${rtoMs} ms after the kill, ` +
