@@ -144,12 +144,17 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       [...stageTopics, witnessTopic, changelogTopic].map((topic) => ({ topic, numPartitions: 3 })),
     );
     await admin.disconnect();
-    const allTopics = [...stageTopics, witnessTopic];
+    // The changelog too: mirrored, and read by the check. A checkpoint's pending work names the
+    // changelog record of its version (an outbox row of the task like any other), so a check
+    // that did not read the topic would take every published record for one never mirrored and
+    // hold the task; read, a record newer than region B's version after the replay is a lost
+    // transition, of a task the replay could not rebuild (held either way).
+    const allTopics = [...stageTopics, witnessTopic, changelogTopic];
     if (perRegion) {
       regionB = await startRegionB({
         root,
         run,
-        topics: [...allTopics, changelogTopic],
+        topics: allTopics,
         sourceBrokers: o.kafkaBrokers,
         kafkaOf: (b) => kafkaClient(b.split(','), 'cairn-failover'),
         log: o.log,
