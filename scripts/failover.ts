@@ -31,6 +31,8 @@ flags:
   --tasks N             tasks in flight when region A dies (20)
   --work-ms M           simulated agent work per step, in ms (200)
   --timeout S           give up after S seconds (120)
+  --changelog-gap       async: region A drops one changelog record of a witness task after
+                        the cut; region B's replay must find the gap and hold that task
   --help                this text`,
   options: {
     mode: { type: 'string', default: 'sync' },
@@ -38,6 +40,7 @@ flags:
     tasks: { type: 'string', default: '20' },
     'work-ms': { type: 'string', default: '200' },
     timeout: { type: 'string', default: '120' },
+    'changelog-gap': { type: 'boolean', default: false },
   },
   schema: z.strictObject({
     mode: z.enum(['sync', 'async']),
@@ -45,6 +48,7 @@ flags:
     tasks: numberFlag({ above: 0 }, { integer: true }),
     'work-ms': numberFlag({ atLeast: 0 }),
     timeout: numberFlag({ above: 0 }),
+    'changelog-gap': z.boolean(),
   }),
 });
 const log = (line: string) => process.stderr.write(`${line}\n`);
@@ -56,6 +60,7 @@ const r = await runFailover({
   kafkaBrokers: stack.kafkaBrokers,
   kafka: args.kafka,
   timeoutS: args.timeout,
+  changelogGap: args['changelog-gap'],
   log,
 });
 await stack.stop();

@@ -33,6 +33,8 @@ export async function cutOffRegionA(o: {
   waitUntil: WaitUntil;
   timeoutMs: number;
   log: (line: string) => void;
+  /** Runs on region A once region B is cut off (what it does there never reaches B). */
+  afterCut?: () => Promise<void>;
 }): Promise<AsyncLoss> {
   const agents = [...o.agents.values()];
   const signal = (cs: readonly Child[], s: NodeJS.Signals) => {
@@ -70,6 +72,7 @@ export async function cutOffRegionA(o: {
     async () => (await o.a.query('SELECT 1 FROM pg_stat_replication')).length === 0,
     30_000,
   );
+  await o.afterCut?.();
 
   // Region A goes on committing, alone: this is what an asynchronous failover loses.
   const acked = o.witnessWrites();

@@ -7,6 +7,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { Kafka } from 'kafkajs';
+import { sql } from 'kysely';
 import type { KeyRing } from '../../src/checkpoints/signing.js';
 import type { Db } from '../../src/db/database.js';
 import { type ReplayReport, replayChangelog } from '../../src/recovery/replayChangelog.js';
@@ -22,6 +23,39 @@ export function runKeyRing(run: string): { env: string; ring: KeyRing } {
   const kid = `failover-${run}`.replace(/[^A-Za-z0-9_.-]/g, '-');
   const secret = randomBytes(24).toString('hex');
   return { env: `${kid}:${secret}`, ring: { current: kid, keys: { [kid]: Buffer.from(secret) } } };
+}
+
+/**
+ * `--changelog-gap`: once armed (after the cut, so region B never sees the arming), region A
+ * drops the next changelog record of `witness-0` from its outbox (the transition commits, its
+ * record never exists) and keeps the later ones, so that region B's replay finds a gap in that
+ * task's records and must hold it. The trigger is installed before anything runs: created
+ * after the cut, it waited for the lock of an agent frozen inside a transaction that had
+ * written the outbox, and every outbox write queued behind it (the run hung).
+ */
+export async function installChangelogGap(db: Db, topic: string): Promise<{ arm: () => Promise<void> }> {
+  // A trigger's arguments are literals in its definition: the topic is [a-z0-9.-] (topicOf).
+  if (!/^[a-z0-9.-]+$/.test(topic)) throw new Error(`unexpected changelog topic ${topic}`);
+  await sql`CREATE TABLE failover_gap (task_id text PRIMARY KEY, version bigint)`.execute(db);
+  await sql`
+    CREATE FUNCTION failover_gap() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      IF NEW.topic = TG_ARGV[0] AND NEW.task_id = 'witness-0'
+         AND EXISTS (SELECT 1 FROM failover_gap WHERE task_id = 'armed')
+         AND NOT EXISTS (SELECT 1 FROM failover_gap WHERE task_id = NEW.task_id) THEN
+        INSERT INTO failover_gap VALUES (NEW.task_id, NEW.task_version);
+        RETURN NULL;
+      END IF;
+      RETURN NEW;
+    END $$`.execute(db);
+  await sql`CREATE TRIGGER failover_gap BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION failover_gap(${sql.lit(topic)})`.execute(
+    db,
+  );
+  return {
+    arm: async () => {
+      await sql`INSERT INTO failover_gap (task_id) VALUES ('armed')`.execute(db);
+    },
+  };
 }
 
 /** A rebuilt task as region B held it right after the replay. */

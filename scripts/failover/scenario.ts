@@ -19,7 +19,7 @@ import { ROLES, type Role, topicOf, WORKFLOW_DEFINITION } from '../demo/workflow
 import { type Sink, startSink } from '../lib/effectSink.js';
 import { type Child, sigkill, sigterm, spawnTs } from '../lib/spawnTs.js';
 import { cutOffRegionA } from './asyncLoss.js';
-import { rebuiltTasksDone, replayIntoRegionB, runKeyRing } from './changelogReplay.js';
+import { installChangelogGap, rebuiltTasksDone, replayIntoRegionB, runKeyRing } from './changelogReplay.js';
 import { regionATruth, snapshot, startWitness } from './evidence.js';
 import { lagMirror, MIRROR_PREFIX, mirrorTruth, startRegionB } from './perRegion.js';
 import { type PgServer, requireSynchronous, startPrimary, startStandby } from './pgCluster.js';
@@ -34,6 +34,8 @@ export interface FailoverOptions {
   kafka?: 'shared' | 'per-region';
   timeoutS: number;
   log: (line: string) => void;
+  /** async: region A drops one changelog record of a witness task after the cut (changelogReplay.ts). */
+  changelogGap?: boolean;
   /**
    * Called after the check, before region B starts: the promoted database's URL, the topics and
    * groups as checked (mirrored names with per-region), and the brokers region B reads.
@@ -185,6 +187,8 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       procs.push(...started);
       return started;
     };
+    const gap =
+      o.changelogGap && o.mode === 'async' ? await installChangelogGap(dbA, changelogTopic) : undefined;
     const regionA = startRegion(a.url('cairn'), 'a');
 
     const storeA = createTaskStore({
@@ -214,6 +218,7 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
         waitUntil,
         timeoutMs: o.timeoutS * 1000,
         log: o.log,
+        ...(gap ? { afterCut: gap.arm } : {}),
       });
     }
 
