@@ -31,6 +31,19 @@ export interface ClaimedRow {
  * the two cores, and the loop now waits on the broker more than on the database.
  * (Moving the in-flight exclusion out of SQL into a Set, in a two-step claim, measured the same.)
  *
+ * Measured per claimed message, Postgres backend CPU from /proc, 50k backlog, 1,000 per claim
+ * with the previous batch excluded (the loop's pattern), 2-core dev machine: 20 us before,
+ * 5.6 us now, from three changes:
+ * - The lane is bounded by a range, not `o.lane = l.lane`: with an equality the planner knows
+ *   the lane is constant, sees that the primary key gives `ORDER BY id` too and, the heap
+ *   being in id order and a lane's rows scattered, prefers it. EXPLAIN ANALYZE showed
+ *   `Index Scan using outbox_pkey ... Rows Removed by Filter: 2009` per lane: 64k rows read
+ *   to claim 1,000 (20 -> 11 us).
+ * - The parked-key probe runs only when some key is parked (an InitPlan, evaluated once):
+ *   parked keys are rare, the probe was one index lookup per scanned row (-2 us).
+ * - The lanes' prefixes (about twice the batch, to get past uneven lanes) are chosen by id
+ *   alone; only the rows kept are read whole and sent (-3 us).
+ *
  * No FOR UPDATE SKIP LOCKED here on purpose: a lane has exactly one owner (relay_lane, with
  * a fencing token), so there is nobody to skip, and skipping a locked row of a key would let
  * that key's next message overtake it. Rows are deleted after the broker acked them, never
@@ -49,19 +62,24 @@ export async function claimBatch(
   const extra = new Map<number, number>();
   for (const r of exclude) extra.set(r.lane, (extra.get(r.lane) ?? 0) + 1);
   const { rows } = await sql<ClaimedRow>`
+    WITH c AS MATERIALIZED (
+      SELECT o.id
+        FROM unnest(${lanes}::int[], ${lanes.map((l) => base + (extra.get(l) ?? 0))}::int[]) AS l(lane, n)
+       CROSS JOIN LATERAL (
+         SELECT o.id FROM outbox o
+          WHERE o.lane >= l.lane AND o.lane <= l.lane
+            AND o.id <> ALL(${exclude.map((r) => r.id)}::bigint[])
+            AND (NOT EXISTS (SELECT 1 FROM outbox_parked_key)
+                 OR NOT EXISTS (SELECT 1 FROM outbox_parked_key p
+                                 WHERE p.tenant = coalesce(o.tenant_id, '') AND p.topic = o.topic AND p.key = o.key))
+          ORDER BY o.lane, o.id
+          LIMIT l.n) o
+       ORDER BY o.id
+       LIMIT ${limit})
     SELECT o.id, o.lane, o.message_id, o.tenant_id, o.task_id, o.task_version, o.task_seq,
            o.topic, o.key, o.headers, o.payload, o.created_at
-      FROM unnest(${lanes}::int[], ${lanes.map((l) => base + (extra.get(l) ?? 0))}::int[]) AS l(lane, n)
-     CROSS JOIN LATERAL (
-       SELECT * FROM outbox o
-        WHERE o.lane = l.lane
-          AND o.id <> ALL(${exclude.map((r) => r.id)}::bigint[])
-          AND NOT EXISTS (SELECT 1 FROM outbox_parked_key p
-                           WHERE p.tenant = coalesce(o.tenant_id, '') AND p.topic = o.topic AND p.key = o.key)
-        ORDER BY o.id
-        LIMIT l.n) o
+      FROM c JOIN outbox o ON o.id = c.id
      ORDER BY o.id
-     LIMIT ${limit}
   `.execute(db);
   return rows;
 }
