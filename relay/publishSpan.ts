@@ -52,7 +52,7 @@ export function observeBatch(batch: readonly Ready[], ackedAt: number): RelayObs
   for (const b of batch) {
     // created_at is a column a tenant can write ('infinity', a year no Date holds): such a row
     // is published like any other and left out of the histogram.
-    const at = b.row.created_at instanceof Date ? b.row.created_at.getTime() : Number.NaN;
+    const at = b.row.created_ms;
     if (Number.isFinite(at)) seconds.push(Math.max(0, ackedAt - at) / 1000);
   }
   return { batchSize: batch.length, commitToPublishSeconds: seconds };

@@ -14,8 +14,13 @@ export interface ClaimedRow {
   /** As stored: only the caller's headers, and not to be trusted (see src/outbox/wire.ts). */
   headers: unknown;
   payload: Buffer;
-  /** When the row was inserted (database clock): the start of commit-to-publish latency. */
-  created_at: Date;
+  /**
+   * When the row was inserted (database clock, ms since the epoch; not finite for a row a
+   * tenant wrote 'infinity' into): the start of commit-to-publish latency. A number, not a
+   * Date: parsing a timestamptz cost Node 2-3 us per row, about a third of reading a claimed
+   * row (measured: 1,000-row claims repeated, process.cpuUsage).
+   */
+  created_ms: number;
 }
 
 /**
@@ -77,7 +82,8 @@ export async function claimBatch(
        ORDER BY o.id
        LIMIT ${limit})
     SELECT o.id, o.lane, o.message_id, o.tenant_id, o.task_id, o.task_version, o.task_seq,
-           o.topic, o.key, o.headers, o.payload, o.created_at
+           o.topic, o.key, o.headers, o.payload,
+           (extract(epoch FROM o.created_at) * 1000)::float8 AS created_ms
       FROM c JOIN outbox o ON o.id = c.id
      ORDER BY o.id
   `.execute(db);
