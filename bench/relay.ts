@@ -21,7 +21,7 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
   const quick = args.includes('--quick');
   const n = flag(args, 'messages', quick ? 30_000 : 200_000);
   const steadySeconds = flag(args, 'seconds', quick ? 5 : 15);
-  const batchSize = flag(args, 'batch', 1000);
+  const batchSize = flag(args, 'batch', 2500); // the relay's default
   const env = await benchDatabase('relay', 12);
   const brokers = env.stack.kafkaBrokers.split(',');
   const kafka = kafkaClient(brokers, 'bench-relay');

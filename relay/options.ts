@@ -16,6 +16,7 @@ export const RelayOptionsSchema = optionsSchema<RelayOptions>()(
     logger: opt.logger(),
     instanceId: opt.text().optional(),
     batchSize: opt.count().optional(),
+    maxBatchBytes: opt.count().optional(),
     leaseTtlMs: opt.ms().optional(),
     maxIdleMs: opt.ms().optional(),
     vacuumEveryDeletes: z.number().int().nonnegative().optional(),

@@ -8,7 +8,13 @@ export interface RelayOptions {
   publisher: Publisher;
   logger?: Logger;
   instanceId?: string;
+  /** Messages per batch at most (default 2,500). */
   batchSize?: number;
+  /**
+   * Payload bytes per batch at most (default 1 MiB); a single larger message still goes alone.
+   * Keeps memory and produce requests bounded when messages are large.
+   */
+  maxBatchBytes?: number;
   /** Lane lease time to live; a dead relay's lanes are taken over after this. */
   leaseTtlMs?: number;
   /** Longest sleep when the outbox is empty (adaptive polling backs off up to this). */

@@ -55,23 +55,38 @@ export interface ClaimedRow {
  * tracked by a cursor, so a row whose transaction commits after a higher id is simply
  * picked up by the next claim: nothing is skipped.
  */
+/** A claim: the rows, and whether a limit (rows or payload bytes) cut it, so more may be waiting. */
+export interface Claim {
+  rows: ClaimedRow[];
+  full: boolean;
+}
+
 export async function claimBatch(
   db: Executor,
-  lanes: readonly number[],
-  limit: number,
-  /** Rows in flight (being published, or published and being deleted). */
-  exclude: ReadonlyArray<{ id: number; lane: number }> = [],
-): Promise<ClaimedRow[]> {
-  if (lanes.length === 0) return [];
+  args: {
+    lanes: readonly number[];
+    limit: number;
+    /**
+     * Payload bytes per claim: rows are kept while the bytes before them stay under this (the
+     * first row always), so a batch of large messages holds neither Node's memory nor one
+     * produce request past it. Default: no limit.
+     */
+    maxBytes?: number;
+    /** Rows in flight (being published, or published and being deleted). */
+    exclude?: ReadonlyArray<{ id: number; lane: number }>;
+  },
+): Promise<Claim> {
+  const { lanes, limit, exclude = [] } = args;
+  if (lanes.length === 0) return { rows: [], full: false };
   const base = Math.max(50, Math.ceil((limit * 2) / lanes.length));
   const extra = new Map<number, number>();
   for (const r of exclude) extra.set(r.lane, (extra.get(r.lane) ?? 0) + 1);
-  const { rows } = await sql<ClaimedRow>`
+  const { rows } = await sql<ClaimedRow & { claimable: number }>`
     WITH c AS MATERIALIZED (
-      SELECT o.id
+      SELECT o.id, o.size
         FROM unnest(${lanes}::int[], ${lanes.map((l) => base + (extra.get(l) ?? 0))}::int[]) AS l(lane, n)
        CROSS JOIN LATERAL (
-         SELECT o.id FROM outbox o
+         SELECT o.id, octet_length(o.payload) AS size FROM outbox o
           WHERE o.lane >= l.lane AND o.lane <= l.lane
             AND o.id <> ALL(${exclude.map((r) => r.id)}::bigint[])
             AND (NOT EXISTS (SELECT 1 FROM outbox_parked_key)
@@ -80,12 +95,16 @@ export async function claimBatch(
           ORDER BY o.lane, o.id
           LIMIT l.n) o
        ORDER BY o.id
-       LIMIT ${limit})
+       LIMIT ${limit}),
+    k AS (SELECT c.id, sum(c.size) OVER (ORDER BY c.id) - c.size AS before FROM c)
     SELECT o.id, o.lane, o.message_id, o.tenant_id, o.task_id, o.task_version, o.task_seq,
            o.topic, o.key, o.headers, o.payload,
-           (extract(epoch FROM o.created_at) * 1000)::float8 AS created_ms
-      FROM c JOIN outbox o ON o.id = c.id
+           (extract(epoch FROM o.created_at) * 1000)::float8 AS created_ms,
+           (SELECT count(*) FROM c)::int AS claimable
+      FROM k JOIN outbox o ON o.id = k.id
+     WHERE k.before < ${args.maxBytes ?? Number.MAX_SAFE_INTEGER}
      ORDER BY o.id
   `.execute(db);
-  return rows;
+  // (Each row keeps its `claimable` column: deleting a property would slow every later read of the row.)
+  return { rows, full: rows.length >= limit || (rows.length > 0 && rows[0]!.claimable > rows.length) };
 }

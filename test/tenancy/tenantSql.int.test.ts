@@ -310,7 +310,7 @@ describe("a tenant's own SQL on its own connection", () => {
       id: aRow.id,
       error: 'refused',
     });
-    const claimed = await claimBatch(t.db, [laneOf('shared-key')], 100);
+    const { rows: claimed } = await claimBatch(t.db, { lanes: [laneOf('shared-key')], limit: 100 });
     expect(claimed.filter((r) => r.topic === 'parked').map((r) => r.id)).toEqual([bRow.id]);
   });
 
