@@ -1,5 +1,6 @@
 import { sql } from 'kysely';
 import type { Executor } from '../../src/db/executor.js';
+import { intArray } from './intArray.js';
 
 export interface ClaimedRow {
   id: number;
@@ -84,11 +85,11 @@ export async function claimBatch(
   const { rows } = await sql<ClaimedRow & { claimable: number }>`
     WITH c AS MATERIALIZED (
       SELECT o.id, o.size
-        FROM unnest(${lanes}::int[], ${lanes.map((l) => base + (extra.get(l) ?? 0))}::int[]) AS l(lane, n)
+        FROM unnest(${intArray(lanes)}::int[], ${intArray(lanes.map((l) => base + (extra.get(l) ?? 0)))}::int[]) AS l(lane, n)
        CROSS JOIN LATERAL (
          SELECT o.id, octet_length(o.payload) AS size FROM outbox o
           WHERE o.lane >= l.lane AND o.lane <= l.lane
-            AND o.id <> ALL(${exclude.map((r) => r.id)}::bigint[])
+            AND o.id <> ALL(${intArray(exclude.map((r) => r.id))}::bigint[])
             AND (NOT EXISTS (SELECT 1 FROM outbox_parked_key)
                  OR NOT EXISTS (SELECT 1 FROM outbox_parked_key p
                                  WHERE p.tenant = coalesce(o.tenant_id, '') AND p.topic = o.topic AND p.key = o.key))

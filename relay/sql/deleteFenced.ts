@@ -1,5 +1,6 @@
 import { sql } from 'kysely';
 import type { Executor } from '../../src/db/executor.js';
+import { intArray } from './intArray.js';
 
 /**
  * Deletes published rows, but only of lanes this instance still owns with the token it
@@ -23,11 +24,11 @@ export async function deleteFenced(
       SELECT l.lane FROM relay_lane l
        WHERE l.owner = ${args.instanceId}
          AND l.expires_at > now()
-         AND (l.lane, l.fencing_token) IN (SELECT * FROM unnest(${lanes}::int[], ${tokens}::bigint[]))
+         AND (l.lane, l.fencing_token) IN (SELECT * FROM unnest(${intArray(lanes)}::int[], ${intArray(tokens)}::bigint[]))
          FOR SHARE
     )
     DELETE FROM outbox o
-     WHERE o.id = ANY(${args.ids}::bigint[])
+     WHERE o.id = ANY(${intArray(args.ids)}::bigint[])
        AND (o.lane + 0) IN (SELECT lane FROM valid)
     RETURNING o.id
   `.execute(db);
