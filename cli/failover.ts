@@ -101,7 +101,7 @@ export async function failoverCommand(argv: string[]): Promise<number> {
         );
       for (const m of r.movedDuringCheck)
         console.log(
-          `moved during the check: ${m.topic}/${m.partition} end offset ${m.before} -> ${m.after}; stop MirrorMaker (and this region's relay) and run the check again`,
+          `moved during the check: ${m.topic}/${m.partition} ${m.groupId ? `${m.groupId}'s committed offset` : 'end offset'} ${m.before} -> ${m.after}; stop MirrorMaker (and this region's relay and consumers) and run the check again`,
         );
       if (hold.keptReleased.length > 0)
         console.log(`left released (nothing new found since the release): ${hold.keptReleased.join(', ')}`);

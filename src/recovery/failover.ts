@@ -83,12 +83,62 @@ export interface FailoverReport {
   divergedTasks: string[];
 }
 
-/** A partition whose end offset was `before` when the check read the topics and `after` when it finished. */
+/**
+ * A partition whose end offset was `before` when the check read the topics and `after` when it
+ * finished; with `groupId`, that group's committed offset there (MirrorMaker's checkpoint sync
+ * still writing translated offsets, or a consumer still running).
+ */
 export interface MovedPartition {
   topic: string;
   partition: number;
+  groupId?: string;
   before: string;
   after: string;
+}
+
+/** Each group's committed offsets on its topics, as kafkajs's fetchOffsets gives them. */
+type GroupCommits = Map<
+  string,
+  Array<{ topic: string; partitions: Array<{ partition: number; offset: string }> }>
+>;
+
+async function groupOffsets(
+  kafka: Kafka,
+  consumers: ReadonlyArray<{ groupId: string; topics: readonly string[] }>,
+): Promise<GroupCommits> {
+  const out: GroupCommits = new Map();
+  if (consumers.length === 0) return out;
+  const admin = kafka.admin();
+  await connectOrUnavailable(admin, 'the failover check');
+  try {
+    for (const c of consumers) {
+      out.set(c.groupId, await admin.fetchOffsets({ groupId: c.groupId, topics: [...c.topics] }));
+    }
+  } finally {
+    await admin.disconnect();
+  }
+  return out;
+}
+
+/** Offsets that differ between two reads of the same groups. */
+function movedCommits(before: GroupCommits, after: GroupCommits): MovedPartition[] {
+  const flat = (g: GroupCommits) =>
+    new Map(
+      [...g].flatMap(([groupId, topics]) =>
+        topics.flatMap((t) =>
+          t.partitions.map((p) => [`${groupId}\u0000${t.topic}\u0000${p.partition}`, p.offset] as const),
+        ),
+      ),
+    );
+  const was = flat(before);
+  const moved: MovedPartition[] = [];
+  for (const [id, offset] of flat(after)) {
+    const prev = was.get(id) ?? '-1';
+    if (offset === prev) continue;
+    const [groupId, topic, partition] = id.split('\u0000') as [string, string, string];
+    moved.push({ topic, partition: Number(partition), groupId, before: prev, after: offset });
+  }
+  return moved;
 }
 
 /** What checkAfterFailover compares the promoted database with. */
@@ -260,69 +310,64 @@ async function readUpTo(
  */
 async function lostConsumptions(
   db: Db,
-  kafka: Kafka,
   messages: readonly SeenMessage[],
   o: {
     consumers: ReadonlyArray<{ groupId: string; topics: readonly string[] }>;
     sourcePrefix: string | undefined;
     ends: EndOffsets;
+    /** The groups' offsets, read before the topics (the check's snapshot). */
+    commits: GroupCommits;
   },
 ): Promise<{ lost: LostConsumption[]; notJudged: GroupNotJudged[] }> {
   const lost: LostConsumption[] = [];
   const notJudged: GroupNotJudged[] = [];
-  const admin = kafka.admin();
-  await connectOrUnavailable(admin, 'the failover check');
-  try {
-    for (const c of o.consumers) {
-      const committed = await admin.fetchOffsets({ groupId: c.groupId, topics: [...c.topics] });
-      if (o.sourcePrefix !== undefined) {
-        lost.push(...(await lostConsumptionsOnMirror(db, c.groupId, committed, messages)));
-        // A partition the mirror holds messages on, without a translated offset: MirrorMaker
-        // never checkpointed the group there (or not yet). Nothing here says what it consumed.
-        for (const t of committed) {
-          const partitions = t.partitions
-            .filter((p) => Number(p.offset) < 0)
-            .filter((p) => {
-              const e = o.ends.get(`${t.topic}/${p.partition}`);
-              return e !== undefined && e.high > e.low;
-            })
-            .map((p) => p.partition)
-            .sort((a, b) => a - b);
-          if (partitions.length > 0) notJudged.push({ groupId: c.groupId, topic: t.topic, partitions });
-        }
-        continue;
-      }
-      const held = await db
-        .selectFrom('inbox')
-        .select(['topic', 'partition', (eb) => eb.fn.max('offset').as('offset')])
-        .where('consumer_group', '=', c.groupId)
-        .groupBy(['topic', 'partition'])
-        .execute();
-      const heldAt = new Map(held.map((h) => [`${h.topic}/${h.partition}`, BigInt(h.offset)]));
+  for (const c of o.consumers) {
+    const committed = o.commits.get(c.groupId) ?? [];
+    if (o.sourcePrefix !== undefined) {
+      lost.push(...(await lostConsumptionsOnMirror(db, c.groupId, committed, messages)));
+      // A partition the mirror holds messages on, without a translated offset: MirrorMaker
+      // never checkpointed the group there (or not yet). Nothing here says what it consumed.
       for (const t of committed) {
-        for (const p of t.partitions) {
-          if (Number(p.offset) < 0) continue; // nothing committed yet
-          const next = BigInt(p.offset);
-          const from = (heldAt.get(`${t.topic}/${p.partition}`) ?? -1n) + 1n;
-          for (const m of messages) {
-            const o = BigInt(m.offset);
-            if (m.topic === t.topic && m.partition === p.partition && o >= from && o < next) {
-              if (!m.taskId) continue; // a message no task change caused: nothing to hold
-              lost.push({
-                groupId: c.groupId,
-                taskId: m.taskId,
-                topic: m.topic,
-                partition: m.partition,
-                offset: m.offset,
-                messageId: m.messageId,
-              });
-            }
+        const partitions = t.partitions
+          .filter((p) => Number(p.offset) < 0)
+          .filter((p) => {
+            const e = o.ends.get(`${t.topic}/${p.partition}`);
+            return e !== undefined && e.high > e.low;
+          })
+          .map((p) => p.partition)
+          .sort((a, b) => a - b);
+        if (partitions.length > 0) notJudged.push({ groupId: c.groupId, topic: t.topic, partitions });
+      }
+      continue;
+    }
+    const held = await db
+      .selectFrom('inbox')
+      .select(['topic', 'partition', (eb) => eb.fn.max('offset').as('offset')])
+      .where('consumer_group', '=', c.groupId)
+      .groupBy(['topic', 'partition'])
+      .execute();
+    const heldAt = new Map(held.map((h) => [`${h.topic}/${h.partition}`, BigInt(h.offset)]));
+    for (const t of committed) {
+      for (const p of t.partitions) {
+        if (Number(p.offset) < 0) continue; // nothing committed yet
+        const next = BigInt(p.offset);
+        const from = (heldAt.get(`${t.topic}/${p.partition}`) ?? -1n) + 1n;
+        for (const m of messages) {
+          const o = BigInt(m.offset);
+          if (m.topic === t.topic && m.partition === p.partition && o >= from && o < next) {
+            if (!m.taskId) continue; // a message no task change caused: nothing to hold
+            lost.push({
+              groupId: c.groupId,
+              taskId: m.taskId,
+              topic: m.topic,
+              partition: m.partition,
+              offset: m.offset,
+              messageId: m.messageId,
+            });
           }
         }
       }
     }
-  } finally {
-    await admin.disconnect();
   }
   return { lost, notJudged };
 }
@@ -358,6 +403,8 @@ export async function checkAfterFailover(
   // failover this region's relay publishes there, and a message it published is no loss.
   const local =
     o.sourcePrefix === undefined ? [] : await localTopicsOfMirror(kafka, o.sourcePrefix, o.topics);
+  // The groups' offsets first, then the topics' ends: one snapshot, compared at the end.
+  const commits = await groupOffsets(kafka, o.consumers ?? []);
   const { messages: all, ends } = await readTopicsSnapshot(kafka, [...o.topics, ...local]);
   const localSet = new Set(local);
   const messages = all.filter((m) => !localSet.has(m.topic));
@@ -425,10 +472,11 @@ export async function checkAfterFailover(
         ).map((r) => r.idempotency_key),
   );
   const missingReceipts: MissingReceipt[] = [];
-  const { lost: consumed, notJudged } = await lostConsumptions(db, kafka, messages, {
+  const { lost: consumed, notJudged } = await lostConsumptions(db, messages, {
     consumers: o.consumers ?? [],
     sourcePrefix: o.sourcePrefix,
     ends,
+    commits,
   });
   const unmirrored =
     o.sourcePrefix === undefined
@@ -453,6 +501,7 @@ export async function checkAfterFailover(
       after: String(a.high),
     });
   }
+  movedDuringCheck.push(...movedCommits(commits, await groupOffsets(kafka, o.consumers ?? [])));
   const diverged = new Set([...lostTransitions, ...consumed, ...unmirrored].map((l) => l.taskId));
   for (const a of applied) {
     // A receipt in any state means the database knows of the effect: a started or uncertain

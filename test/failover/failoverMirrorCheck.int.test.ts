@@ -323,4 +323,39 @@ describe('MirrorMaker still copying during the check', () => {
     const still = await checkAfterFailover(b.db, kafka, { topics: [mirror], sourcePrefix: PREFIX });
     expect(still.movedDuringCheck).toEqual([]);
   });
+
+  it("a group's translated offset that moved during the check (checkpoint sync still writing) is reported", async () => {
+    const { mirror } = await topics('moving-group');
+    await send(mirror, [{ taskId: 'MOVG-1', version: 1 }]);
+    const group = `g-moving-${randomUUID()}`;
+    // A member of the group committing ever higher offsets stands for the checkpoint sync.
+    const member = kafka.consumer({ groupId: group, maxWaitTimeInMs: 100 });
+    await member.connect();
+    await member.subscribe({ topics: [mirror], fromBeginning: true });
+    let joined!: () => void;
+    const inGroup = new Promise<void>((r) => {
+      joined = r;
+    });
+    await member.run({ eachMessage: async () => joined() });
+    await inGroup;
+    let syncing = true;
+    const sync = (async () => {
+      for (let n = 2; syncing; n++)
+        await member.commitOffsets([{ topic: mirror, partition: 0, offset: String(n) }]);
+    })();
+    try {
+      const r = await checkAfterFailover(b.db, kafka, {
+        topics: [mirror],
+        consumers: [{ groupId: group, topics: [mirror] }],
+        sourcePrefix: PREFIX,
+      });
+      expect(r.movedDuringCheck).toEqual([
+        expect.objectContaining({ topic: mirror, partition: 0, groupId: group }),
+      ]);
+    } finally {
+      syncing = false;
+      await sync;
+      await member.disconnect();
+    }
+  });
 });
