@@ -16,7 +16,8 @@ import { sql } from 'kysely';
 import type { Db } from '../db/database.js';
 import { connectOrUnavailable } from '../kafka/classifyError.js';
 import { TERMINAL } from '../state/transitions.js';
-import type { LostConsumption, SeenMessage } from './failover.js';
+import type { LostConsumption } from './failover.js';
+import type { SeenMessage } from './readTopics.js';
 import { deletedByRetention, retentionKey } from './retentionDeleted.js';
 
 /** Clocks of the relay's host (record timestamps) and the database (applied_at) may disagree by this much. */
