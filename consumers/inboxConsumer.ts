@@ -219,6 +219,7 @@ export function createInboxConsumerWithTestHooks(
       let seconds: number | undefined;
       try {
         seconds = await traced.run(m, () => handler(trx, m));
+        await mark.finish();
       } finally {
         mark.clear();
       }

@@ -82,6 +82,8 @@ export interface SeenMessage {
   timestamp?: string;
   /** The payload, only when asked for (`values`). */
   value?: Buffer | null;
+  /** Every header, only when asked for (`values`). */
+  headers?: Record<string, string>;
 }
 
 /**
@@ -175,7 +177,14 @@ async function readUpTo(
           version: Number.isInteger(version) ? version : null,
           messageId: header(HEADER.messageId) ?? '',
           timestamp: message.timestamp,
-          ...(opts.values ? { value: message.value } : {}),
+          ...(opts.values
+            ? {
+                value: message.value,
+                headers: Object.fromEntries(
+                  Object.entries(message.headers ?? {}).map(([k, v]) => [k, String(v ?? '')]),
+                ),
+              }
+            : {}),
         });
         const id = `${topic}/${partition}`;
         const last = remaining.get(id);

@@ -18,6 +18,8 @@ import {
   type ChangelogEnvelope,
   ChangelogEnvelopeSchema,
   type ChangelogReceipt,
+  CONSUMED_RECORDS_HEADER,
+  type ConsumedMessage,
   changelogAad,
   stateDigest,
   verifyEnvelope,
@@ -102,15 +104,27 @@ export interface ReplayReport {
   /** Tasks whose every record this database already holds. */
   upToDate: number;
   restoredInboxRows: number;
+  /**
+   * Consumed messages whose inbox row was not restored: not every record of their handler was
+   * rebuilt, or the message is not on the broker as the tenant's. The check then sees them.
+   */
+  inboxRowsNotRestored: number;
   restoredReceipts: number;
 }
 
 interface Found {
   envelope: ChangelogEnvelope;
   at: string;
+  /** CONSUMED_RECORDS_HEADER: how many records the consuming handler wrote. */
+  consumedRecords: number | null;
 }
 
-class Unprovable extends Error {}
+/** What makes a task not rebuilt (reported, held): never an outage. */
+class Unprovable extends CairnError {
+  constructor(message: string) {
+    super('invariant_violated', message);
+  }
+}
 
 /**
  * Reads the changelog topic to its end and rebuilds, task by task, the versions `db` lacks
@@ -129,6 +143,7 @@ export async function replayChangelog(
     refused: [],
     upToDate: 0,
     restoredInboxRows: 0,
+    inboxRowsNotRestored: 0,
     restoredReceipts: 0,
   };
   const byTask = new Map<string, Map<number, Found[]>>();
@@ -155,11 +170,18 @@ export async function replayChangelog(
     const same = versions.get(envelope.version) ?? [];
     // A record sent twice (a relay retry, a mirror) is one record.
     const bytes = canonicalBytes(envelope).toString();
-    if (!same.some((f) => canonicalBytes(f.envelope).toString() === bytes)) same.push({ envelope, at });
+    const n = Number(m.headers?.[CONSUMED_RECORDS_HEADER]);
+    const consumedRecords = Number.isInteger(n) && n > 0 ? n : null;
+    if (!same.some((f) => canonicalBytes(f.envelope).toString() === bytes))
+      same.push({ envelope, at, consumedRecords });
     versions.set(envelope.version, same);
   }
 
   const pending: Array<{ task: TaskAt; records: Array<{ found: Found; body: ChangelogBody }> }> = [];
+  const consumed = new Map<
+    string,
+    { c: ConsumedMessage; tenantId: string; applied: number; expected: number | null }
+  >();
   for (const [id, versions] of byTask) {
     const [tenantId, taskId] = id.split('\u0000') as [string, string];
     const row = await db
@@ -179,6 +201,14 @@ export async function replayChangelog(
       report.refused.push({
         at: [...versions.values()][0]![0]!.at,
         reason: `task ${taskId} of tenant ${tenantId} was deleted by retention here (a deletion certificate names it): not recreated`,
+      });
+      continue;
+    }
+    if (!row && (await auditedHere(db, taskId))) {
+      // Deleted here (by its tenant, say) but its audit rows stay: recreating it would collide.
+      report.refused.push({
+        at: [...versions.values()][0]![0]!.at,
+        reason: `task ${taskId} has audit rows here but no row: it was deleted, not lost; not recreated`,
       });
       continue;
     }
@@ -214,9 +244,14 @@ export async function replayChangelog(
   // Every message a replayed transition enqueued must be on the broker: one that never left
   // the lost region would leave the rebuilt task waiting for it forever.
   const wanted = new Set(
-    pending.flatMap((p) => p.records.flatMap((r) => r.body.messages.map((m) => m.topic))),
+    pending.flatMap((p) =>
+      p.records.flatMap((r) => [
+        ...r.body.messages.map((m) => m.topic),
+        ...(r.body.consumed ? [r.body.consumed.topic] : []),
+      ]),
+    ),
   );
-  const onBroker = new Set<string>();
+  const onBroker = new Map<string, Array<{ topic: string; partition: number; offset: string }>>();
   if (wanted.size > 0) {
     const topics = [...wanted].map((t) => `${o.sourcePrefix ?? ''}${t}`);
     const existing = new Set(await listTopics(kafka));
@@ -225,7 +260,10 @@ export async function replayChangelog(
       topics.filter((t) => existing.has(t)),
       o.deadlineMs,
     );
-    for (const m of seen) onBroker.add(`${m.tenant ?? ''}\u0000${m.messageId}`);
+    for (const m of seen) {
+      const k = `${m.tenant ?? ''}\u0000${m.messageId}`;
+      onBroker.set(k, [...(onBroker.get(k) ?? []), m]);
+    }
   }
   for (const { task, records } of pending) {
     const missing = records
@@ -241,14 +279,44 @@ export async function replayChangelog(
     try {
       const restored = await db.transaction().execute((trx) => writeRecords(trx, task, records, o));
       report.rebuilt.push({ ...pick(task), to: records.at(-1)!.found.envelope.version });
-      report.restoredInboxRows += restored.inbox;
       report.restoredReceipts += restored.receipts;
+      for (const { found, body } of records) {
+        if (!body.consumed) continue;
+        const k = `${task.tenantId}\u0000${body.consumed.consumer_group}\u0000${body.consumed.message_id}`;
+        const c = consumed.get(k) ?? {
+          c: body.consumed,
+          tenantId: task.tenantId,
+          applied: 0,
+          expected: found.consumedRecords,
+        };
+        c.applied++;
+        consumed.set(k, c);
+      }
     } catch (err) {
-      if (err instanceof Unprovable) report.incomplete.push({ ...pick(task), reason: err.message });
-      else if (sqlState(err) === 'CN009')
-        report.incomplete.push({ ...pick(task), reason: 'quarantined here: release it first' });
-      else throw err;
+      const reason = refusedByDatabase(err);
+      if (reason === undefined) throw err;
+      report.incomplete.push({ ...pick(task), reason });
     }
+  }
+  // A consumed message's inbox row only when every record its handler wrote was rebuilt, and the
+  // message is on the broker as the tenant's: a handler replayed in part, or a record naming a
+  // message that is not there (another tenant's, say), must not mark it applied.
+  for (const { c, tenantId, applied, expected } of consumed.values()) {
+    const copies = onBroker.get(`${tenantId}\u0000${c.message_id}`) ?? [];
+    const proven = copies.some(
+      (m) =>
+        m.topic === `${o.sourcePrefix ?? ''}${c.topic}` &&
+        (o.sourcePrefix !== undefined || (m.partition === c.partition && m.offset === c.offset)),
+    );
+    if (!proven || expected === null || applied !== expected) {
+      report.inboxRowsNotRestored++;
+      continue;
+    }
+    const r = await sql`
+      INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", tenant_id, key)
+      VALUES (${c.consumer_group}, ${c.message_id}, ${c.topic}, ${c.partition}, ${c.offset}, ${tenantId}, ${c.key})
+      ON CONFLICT DO NOTHING`.execute(db);
+    report.restoredInboxRows += Number(r.numAffectedRows ?? 0);
   }
   report.rebuilt.sort((a, b) => a.taskId.localeCompare(b.taskId));
   report.incomplete.sort((a, b) => a.taskId.localeCompare(b.taskId));
@@ -278,9 +346,15 @@ async function openRecord(db: Db, e: ChangelogEnvelope, o: ReplayChangelogOption
   const at = `version ${e.version}`;
   const signed = verifyEnvelope(e, o.keyRing);
   if (!signed.ok) throw new Unprovable(`${at}: ${signed.message}`);
+  if (e.omitted)
+    throw new Unprovable(`${at} has no body: it was too large to publish (${e.omitted.bytes} bytes)`);
   let raw: unknown = e.body;
   if (e.sealed) {
-    if (!o.keys) throw new Unprovable(`${at} is encrypted and no tenant keys were given`);
+    // Keys not configured is an outage of configuration, not a bad record.
+    if (!o.keys)
+      throw new UnavailableError(
+        `changelog replay: task ${e.task_id}'s ${at} is encrypted and no tenant keys were given (CAIRN_KEYRING); nothing was concluded`,
+      );
     try {
       const plain = await o.keys.open(
         e.tenant_id,
@@ -293,11 +367,16 @@ async function openRecord(db: Db, e: ChangelogEnvelope, o: ReplayChangelogOption
     } catch (err) {
       // Altered bytes, another tenant's key, a shredded key: this record cannot be read. Anything
       // else (a key provider that does not answer) is an outage, not a bad record: the replay stops.
+      if (err instanceof CairnError && ['decryption_failed', 'wrong_tenant_key'].includes(err.code))
+        throw new Unprovable(`${at} cannot be read: ${err.message}`);
+      // The data key's row gone is shredding (never readable again); a key-encryption key
+      // missing from the keyring, or a provider that does not answer, is an outage.
       if (
         err instanceof CairnError &&
-        ['decryption_failed', 'key_missing', 'wrong_tenant_key'].includes(err.code)
+        err.code === 'key_missing' &&
+        !(await dataKeyExists(db, e.sealed.key_id))
       )
-        throw new Unprovable(`${at} cannot be read: ${err.message}`);
+        throw new Unprovable(`${at} cannot be read: its data key ${e.sealed.key_id} was shredded`);
       if (err instanceof UnavailableError) throw err;
       throw new UnavailableError(
         `changelog replay: the key provider did not open the data key of tenant ${e.tenant_id} (${(err as Error).message}); nothing was replayed for task ${e.task_id}, run it again once it answers`,
@@ -349,9 +428,8 @@ async function writeRecords(
   task: TaskAt,
   records: ReadonlyArray<{ found: Found; body: ChangelogBody }>,
   o: ReplayChangelogOptions,
-): Promise<{ inbox: number; receipts: number }> {
+): Promise<{ receipts: number }> {
   let doc = task.doc;
-  let inbox = 0;
   let receipts = 0;
   for (const { found, body } of records) {
     const e = found.envelope;
@@ -382,17 +460,9 @@ async function writeRecords(
         patch: JSON.stringify(body.patch),
       })
       .execute();
-    if (body.consumed) {
-      const c = body.consumed;
-      const r = await sql`
-        INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", tenant_id, key)
-        VALUES (${c.consumer_group}, ${c.message_id}, ${c.topic}, ${c.partition}, ${c.offset}, ${e.tenant_id}, ${c.key})
-        ON CONFLICT DO NOTHING`.execute(trx);
-      inbox += Number(r.numAffectedRows ?? 0);
-    }
     for (const rc of body.receipts) receipts += await restoreReceipt(trx, e, rc);
   }
-  return { inbox, receipts };
+  return { receipts };
 }
 
 /** The declared receipt transitions (migration 0008) from `started` to each status a record may name. */
@@ -410,10 +480,16 @@ const PATH: Record<string, string[]> = {
 async function restoreReceipt(trx: Trx, e: ChangelogEnvelope, rc: ChangelogReceipt): Promise<number> {
   const here = await trx
     .selectFrom('tool_receipt')
-    .select(['status'])
+    .select(['status', 'receipt_id', 'task_id', 'attempt'])
     .where('idempotency_key', '=', rc.idempotency_key)
     .where(sql<boolean>`coalesce(tenant_id, '') = ${e.tenant_id}`)
     .executeTakeFirst();
+  // Another attempt (or task) under the same key here is not the one the record saw: left alone.
+  if (
+    here &&
+    (here.receipt_id !== rc.receipt_id || here.task_id !== e.task_id || here.attempt !== rc.attempt)
+  )
+    return 0;
   let path = PATH[rc.status] ?? ['uncertain'];
   if (here) {
     if (here.status !== 'started' || !['succeeded', 'failed'].includes(rc.status)) return 0;
@@ -430,6 +506,9 @@ async function restoreReceipt(trx: Trx, e: ChangelogEnvelope, rc: ChangelogRecei
     await sql`
       UPDATE tool_receipt SET status = ${status},
              result_digest = ${final ? rc.result_digest : null},
+             result = ${final && rc.result != null ? JSON.stringify(rc.result) : null}::jsonb,
+             result_enc = ${final && rc.result_enc ? Buffer.from(rc.result_enc, 'base64') : null},
+             result_key_id = ${final ? (rc.result_key_id ?? null) : null},
              resolution = 'restored from the changelog after a failover',
              finished_at = ${final ? sql`now()` : sql`finished_at`}
        WHERE idempotency_key = ${rc.idempotency_key} AND coalesce(tenant_id, '') = ${e.tenant_id}`.execute(
@@ -437,6 +516,31 @@ async function restoreReceipt(trx: Trx, e: ChangelogEnvelope, rc: ChangelogRecei
     );
   }
   return 1;
+}
+
+/** Errors of the database that refuse this task's records (a trigger, a constraint): not an outage. */
+function refusedByDatabase(err: unknown): string | undefined {
+  if (err instanceof Unprovable) return err.message;
+  const state = sqlState(err);
+  if (state === 'CN009') return 'quarantined here: release it first';
+  // Connection, resources, operator intervention, system errors, serialization: an outage.
+  if (!state || /^(08|40|53|54|55|57|58|XX)/.test(state)) return undefined;
+  return `the database refused it (${state}): ${(err as Error).message}`;
+}
+
+async function auditedHere(db: Db, taskId: string): Promise<boolean> {
+  const r = await db
+    .selectFrom('task_audit')
+    .select('task_id')
+    .where('task_id', '=', taskId)
+    .limit(1)
+    .execute();
+  return r.length > 0;
+}
+
+async function dataKeyExists(db: Db, keyId: string): Promise<boolean> {
+  const r = await db.selectFrom('tenant_key').select('key_id').where('key_id', '=', keyId).execute();
+  return r.length > 0;
 }
 
 async function deletedByRetention(db: Db, tenantId: string, taskId: string): Promise<boolean> {

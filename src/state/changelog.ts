@@ -94,6 +94,10 @@ export interface ChangelogReceipt {
   irreversible: boolean;
   worker: string;
   result_digest: string | null;
+  /** The result as the receipt stores it: JSON, or ciphertext (base64) under the tenant's key. */
+  result: unknown;
+  result_enc: string | null;
+  result_key_id: string | null;
 }
 
 /** The inbox message whose handler made the transition, if it was made in one. */
@@ -131,6 +135,11 @@ export interface ChangelogEnvelope {
   prev_version: number | null;
   body?: ChangelogBody;
   sealed?: { key_id: string; ciphertext: string };
+  /**
+   * No body: the record would have been over the outbox's payload limit. The change is not
+   * refused for it; a replay finds this version unprovable and holds the task.
+   */
+  omitted?: { reason: 'too_large'; bytes: number };
   signature?: Signature;
 }
 
@@ -142,6 +151,7 @@ export const ChangelogEnvelopeSchema = z.strictObject({
   prev_version: z.number().int().min(1).nullable(),
   body: z.record(z.string(), z.unknown()).optional(),
   sealed: z.strictObject({ key_id: z.string().min(1), ciphertext: z.string() }).optional(),
+  omitted: z.strictObject({ reason: z.literal('too_large'), bytes: z.number().int() }).optional(),
   signature: z
     .strictObject({ alg: z.literal('HMAC-SHA256'), key_id: z.string().min(1), value: z.string() })
     .optional(),
@@ -168,6 +178,9 @@ export const ChangelogBodySchema = z.strictObject({
       irreversible: z.boolean(),
       worker: z.string(),
       result_digest: z.string().nullable(),
+      result: z.unknown(),
+      result_enc: z.string().nullable(),
+      result_key_id: z.string().nullable(),
     }),
   ),
   consumed: z
@@ -201,12 +214,36 @@ export function verifyEnvelope(e: ChangelogEnvelope, ring: KeyRing | undefined) 
 
 // The inbox consumer names the message a handler runs for on the handler's transaction, so a
 // transition made in it records what it consumed (and a replay restores the inbox row).
-const consumedIn = new WeakMap<object, ConsumedMessage>();
+const consumedIn = new WeakMap<object, { m: ConsumedMessage; records: string[] }>();
 
-/** Marks `trx` as the transaction applying `m` (consumers/inboxConsumer.ts), until `clear`. */
-export function markConsumed(trx: object, m: ConsumedMessage): { clear: () => void } {
-  consumedIn.set(trx, m);
-  return { clear: () => consumedIn.delete(trx) };
+/**
+ * The header the inbox consumer puts on every changelog record its handler wrote for one
+ * message: how many there were. A replay restores the message's inbox row only when it
+ * rebuilt that many (a handler that changed two tasks, one of whose records was lost, has not
+ * been replayed whole: its message must stay unapplied, or its loss would be hidden).
+ */
+export const CONSUMED_RECORDS_HEADER = 'changelog-records-of-consumption';
+
+/**
+ * Marks `trx` as the transaction applying `m` (consumers/inboxConsumer.ts): records written in
+ * it name `m`. `finish` (after the handler, in the transaction) stamps them with how many there
+ * were; `clear` ends the mark.
+ */
+export function markConsumed(
+  trx: Executor,
+  m: ConsumedMessage,
+): { finish: () => Promise<void>; clear: () => void } {
+  const mark = { m, records: [] as string[] };
+  consumedIn.set(trx, mark);
+  return {
+    async finish() {
+      if (mark.records.length === 0) return;
+      await sql`
+        UPDATE outbox SET headers = headers || jsonb_build_object(${CONSUMED_RECORDS_HEADER}::text, ${String(mark.records.length)}::text)
+         WHERE message_id = ANY(${`{${mark.records.join(',')}}`}::uuid[])`.execute(trx);
+    },
+    clear: () => consumedIn.delete(trx),
+  };
 }
 
 /** The transition a TaskStore is about to commit, as the changelog needs it. */
@@ -248,7 +285,7 @@ export function createChangelogWriter(o: ChangelogOptions, outbox: Outbox): Chan
         schema_version: tr.nextStored.schema_version,
         messages: tr.messages.map((m) => ({ id: m.message_id, topic: m.topic, key: m.key })),
         receipts: tr.prevVersion === null ? [] : await receiptsOf(t, tr.taskId, tr.prevVersion),
-        consumed: consumedIn.get(t) ?? null,
+        consumed: consumedIn.get(t)?.m ?? null,
       };
       const envelope: ChangelogEnvelope = {
         format: CHANGELOG_FORMAT,
@@ -258,21 +295,26 @@ export function createChangelogWriter(o: ChangelogOptions, outbox: Outbox): Chan
         prev_version: tr.prevVersion,
         ...(await sealed(o.keys, t, tr, body)),
       };
-      if (o.keyRing) envelope.signature = signBytes(envelopeBytes(envelope), o.keyRing);
       const ctx = { taskId: tr.taskId, taskVersion: tr.version, tenantId: tr.tenantId };
-      const [row] = outbox.prepare(
-        [
-          {
-            topic,
-            key: tr.taskId,
-            // One record per version: written again (a retried transaction) it keeps its id.
-            idempotencyKey: `v${tr.version}`,
-            payload: Buffer.from(JSON.stringify(envelope)),
-          },
-        ],
-        ctx,
-      );
-      await outbox.insert(t, [{ ...row!, task_seq: tr.messages.length }]);
+      const prepare = (e: ChangelogEnvelope) => {
+        if (o.keyRing) e.signature = signBytes(envelopeBytes(e), o.keyRing);
+        const payload = Buffer.from(JSON.stringify(e));
+        // One record per version: written again (a retried transaction) it keeps its id.
+        const message = { topic, key: tr.taskId, idempotencyKey: `v${tr.version}`, payload };
+        return { row: outbox.prepare([message], ctx)[0]!, bytes: payload.length };
+      };
+      let row: OutboxRow;
+      try {
+        ({ row } = prepare(envelope));
+      } catch (err) {
+        // Over the payload limit: the change goes through; its record says it has no body.
+        if (!(err instanceof ValidationError && err.issues.some((i) => i.path === 'payload'))) throw err;
+        const { body: _b, sealed: _s, signature: _g, ...head } = envelope;
+        const bytes = Buffer.byteLength(JSON.stringify(envelope));
+        ({ row } = prepare({ ...head, omitted: { reason: 'too_large', bytes } }));
+      }
+      await outbox.insert(t, [{ ...row, task_seq: tr.messages.length }]);
+      consumedIn.get(t)?.records.push(row.message_id);
       return nextDigest;
     },
   };
@@ -307,7 +349,7 @@ async function sealed(
 async function receiptsOf(t: Executor, taskId: string, prevVersion: number): Promise<ChangelogReceipt[]> {
   const r = await sql<ChangelogReceipt>`
     SELECT receipt_id, idempotency_key, step, tool, args_digest, status, attempt, irreversible,
-           worker, result_digest
+           worker, result_digest, result, encode(result_enc, 'base64') AS result_enc, result_key_id
       FROM tool_receipt r
      WHERE r.task_id = ${taskId}
        AND (r.finished_at IS NULL

@@ -277,6 +277,8 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
         }
         const patch = diff({}, stored);
         await insertAudit(t, state, null, actor, reason ?? 'created', patch);
+        if (o.checkpointer) await o.checkpointer.take(t, { state, reason: 'task created', createdBy: actor });
+        // After the checkpoint: the record is not pending work of the task's (failoverMirror.ts).
         await changelog?.write(t, {
           tenantId: state.tenant_id,
           taskId: state.task_id,
@@ -289,7 +291,6 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
           nextStored: stored,
           messages: [],
         });
-        if (o.checkpointer) await o.checkpointer.take(t, { state, reason: 'task created', createdBy: actor });
         log.debug({ task_id: state.task_id, version: 1 }, 'task created');
         if (!trx) remember(state, stored);
         return state;
@@ -388,6 +389,9 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
             }
             if (!(await cas(t))) return false;
             messageIds = await outbox.insert(t, rows);
+            if (checkpoint)
+              await o.checkpointer!.take(t, { createdBy: input.actor, ...checkpoint, state: next });
+            // After the checkpoint: the record is not pending work of the task's.
             digest = await changelog?.write(t, {
               tenantId: next.tenant_id,
               taskId: next.task_id,
@@ -401,8 +405,6 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
               nextStored,
               messages: rows,
             });
-            if (checkpoint)
-              await o.checkpointer!.take(t, { createdBy: input.actor, ...checkpoint, state: next });
             return true;
           });
         } else {

@@ -17,7 +17,12 @@ import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js'
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';
 import { type ReplayChangelogOptions, replayChangelog } from '../../src/recovery/replayChangelog.js';
-import { type ChangelogEnvelope, type ChangelogOptions, stateDigest } from '../../src/state/changelog.js';
+import {
+  type ChangelogEnvelope,
+  type ChangelogOptions,
+  markConsumed,
+  stateDigest,
+} from '../../src/state/changelog.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask, planApproved } from '../state/fixtures.js';
 import { switchableProvider } from '../support/keyProviders.js';
@@ -306,7 +311,8 @@ describe('changelog replay after an asynchronous failover', () => {
     expect(raw.length).toBeGreaterThan(0);
     for (const r of raw) expect(r).not.toContain('TOP-SECRET-7');
     expect(JSON.parse(raw.at(-1)!)).toMatchObject({ sealed: { key_id: key.key_id } });
-    expect((await replay(topic)).incomplete[0]?.reason).toMatch(/encrypted and no tenant keys/);
+    // No keys configured is an outage of configuration, not a bad record: nothing concluded.
+    await expect(replay(topic)).rejects.toThrow(/encrypted and no tenant keys were given/);
     await sql`DELETE FROM tenant_key WHERE tenant_id = 'enc'`.execute(b.db);
     const shredded = await replay(topic, { keys: keysB });
     expect(shredded.incomplete[0]?.reason).toMatch(/cannot be read/);
@@ -350,7 +356,9 @@ describe('changelog replay after an asynchronous failover', () => {
     await producer.connect();
     await producer.send({
       topic: stage,
-      messages: [{ key: 'RC-1', value: '{}', headers: { 'cairn-message-id': 'go-RC-1' } }],
+      messages: [
+        { key: 'RC-1', value: '{}', headers: { 'cairn-message-id': 'go-RC-1', 'cairn-tenant': 'acme' } },
+      ],
     });
     await producer.disconnect();
     const group = `changelog-agent-${Date.now()}`;
@@ -421,7 +429,7 @@ describe('changelog replay after an asynchronous failover', () => {
     expect(inbox).toEqual([{ message_id: 'go-RC-1', tenant_id: 'acme' }]);
     // Region B's tester asks for the same deploy: the restored receipt says it ran; it does not run again.
     const again = await deploy(b.db, 'tester-b');
-    expect(again.status).toBe('succeeded');
+    expect(again).toMatchObject({ status: 'succeeded', result: { deployed: true } }); // not only its digest
     expect(ran).toBe(1);
     expect(
       await b.db
@@ -434,5 +442,129 @@ describe('changelog replay after an asynchronous failover', () => {
     // Run again: nothing to do for RC-1, RC-GAP still not provable (exit 1), no second hold.
     const second = JSON.parse((await cli('--from-topic', topic, '--hold', '--json')).stdout) as typeof report;
     expect(second).toMatchObject({ rebuilt: [], quarantined: 0, restoredInboxRows: 0, restoredReceipts: 0 });
+  });
+
+  it("a record naming another tenant's consumption, or a handler replayed in part, restores no inbox row", async () => {
+    const { topic, stage, A, B } = await regions();
+    for (const id of ['MAL-1', 'FAN-1', 'FAN-2'])
+      await both([A, B], (s) =>
+        s.create({ task: newTask(id, id === 'MAL-1' ? { tenant_id: 'mallory' } : {}), actor: AGENT }),
+      );
+    const producer = kafka.producer();
+    await producer.connect();
+    await producer.send({
+      topic: stage,
+      messages: [
+        { key: 'x', value: '{}', headers: { 'cairn-message-id': 'acme-msg', 'cairn-tenant': 'acme' } },
+        { key: 'y', value: '{}', headers: { 'cairn-message-id': 'fan-msg', 'cairn-tenant': 'acme' } },
+      ],
+    });
+    await producer.disconnect();
+    const consumedAs = (message_id: string) => ({
+      consumer_group: 'G',
+      message_id,
+      topic: stage,
+      partition: 0,
+      offset: '0',
+      key: null,
+    });
+    // Mallory's own task, changed in a "handler" that claims acme's message (its own SQL could
+    // write such a row; here through the library's own mark).
+    await a.db.transaction().execute(async (trx) => {
+      const mark = markConsumed(trx, consumedAs('acme-msg'));
+      const u = await A.update({
+        taskId: 'MAL-1',
+        expectedVersion: 1,
+        patch: planApproved(),
+        actor: AGENT,
+        trx,
+      });
+      if (!u.ok) throw u.error;
+      await mark.finish();
+    });
+    // One message's handler changed two tasks; one record is lost.
+    await a.db.transaction().execute(async (trx) => {
+      const mark = markConsumed(trx, consumedAs('fan-msg'));
+      for (const id of ['FAN-1', 'FAN-2']) {
+        const u = await A.update({
+          taskId: id,
+          expectedVersion: 1,
+          patch: planApproved(),
+          actor: AGENT,
+          trx,
+        });
+        if (!u.ok) throw u.error;
+      }
+      await mark.finish();
+    });
+    await sql`DELETE FROM outbox WHERE task_id = 'FAN-2' AND topic = ${topic}`.execute(a.db);
+    await publishA();
+    const r = await replay(topic);
+    expect(r.rebuilt.map((t) => t.taskId)).toEqual(['FAN-1', 'MAL-1']);
+    expect(r.incomplete).toEqual([]); // FAN-2 lost its only record: nothing to see from the topic
+    expect(r.restoredInboxRows).toBe(0);
+    expect(r.inboxRowsNotRestored).toBe(2);
+    expect(
+      await b.db.selectFrom('inbox').select('message_id').where('consumer_group', '=', 'G').execute(),
+    ).toEqual([]);
+  });
+
+  it('a record the database refuses (a forged transition) makes only its task not rebuilt; a deleted task is not recreated', async () => {
+    const { topic, A, B } = await regions();
+    for (const id of ['FORGED-T', 'OK-T', 'GONE-T'])
+      await both([A, B], (s) => s.create({ task: newTask(id), actor: AGENT }));
+    await A.update({ taskId: 'OK-T', expectedVersion: 1, patch: planApproved(), actor: AGENT });
+    await A.update({ taskId: 'GONE-T', expectedVersion: 1, patch: planApproved(), actor: AGENT });
+    await sql`DELETE FROM task_state WHERE task_id = 'GONE-T'`.execute(b.db);
+    await publishA();
+    // A record with a valid chain and digests for a transition the state machine forbids.
+    const prev = (await docOf(b.db, 'FORGED-T'))!.doc as Record<string, unknown>;
+    const next = { ...prev, version: 2, status: 'complete' };
+    const fjp = (await import('fast-json-patch')).default;
+    await produce(topic, {
+      format: 'cairn.changelog.v1',
+      tenant_id: 'acme',
+      task_id: 'FORGED-T',
+      version: 2,
+      prev_version: 1,
+      body: {
+        actor: AGENT,
+        reason: null,
+        patch: fjp.compare(prev, next),
+        prev_state_sha256: stateDigest(prev),
+        state_sha256: stateDigest(next),
+        status: 'complete',
+        schema_version: String(prev.schema_version),
+        messages: [],
+        receipts: [],
+        consumed: null,
+      },
+    });
+    const r = await replay(topic);
+    expect(r.rebuilt.map((t) => t.taskId)).toEqual(['OK-T']);
+    expect(r.incomplete).toEqual([
+      expect.objectContaining({ taskId: 'FORGED-T', reason: expect.stringMatching(/database refused it/) }),
+    ]);
+    expect(r.refused.map((x) => x.reason)).toEqual([
+      expect.stringMatching(/GONE-T has audit rows here but no row/),
+    ]);
+  });
+
+  it('a change whose record would be over the payload limit still commits; its replay holds the task', async () => {
+    const { topic, A, B } = await regions();
+    await both([A, B], (s) => s.create({ task: newTask('BIG-1'), actor: AGENT }));
+    const files = Array.from({ length: 9_500 }, (_, i) => `src/${'deeply/nested/'.repeat(9)}module-${i}.ts`);
+    const u = await A.update({
+      taskId: 'BIG-1',
+      expectedVersion: 1,
+      patch: { status: 'implementing', gates: { plan_approved: true }, artifacts: { code_files: files } },
+      actor: AGENT,
+    });
+    expect(u.ok).toBe(true);
+    await publishA();
+    const r = await replay(topic);
+    expect(r.incomplete).toEqual([
+      expect.objectContaining({ taskId: 'BIG-1', reason: expect.stringMatching(/too large to publish/) }),
+    ]);
   });
 });
