@@ -17,13 +17,32 @@ const POISON_TYPES = new Set([
 ]);
 
 export function isPoisonError(err: unknown): boolean {
+  return someInChain(err, (e) => {
+    // kafkajs names a broker error `type`; @platformatic/kafka names it `apiId`.
+    const { type, apiId } = e as { type?: unknown; apiId?: unknown };
+    return (
+      (typeof type === 'string' && POISON_TYPES.has(type)) ||
+      (typeof apiId === 'string' && POISON_TYPES.has(apiId))
+    );
+  });
+}
+
+/**
+ * True when `test` holds for the error or anything it wraps: its `cause`, and each of its
+ * `errors` (an AggregateError: @platformatic/kafka reports a failed send as one holding each
+ * attempt's error, and a broker response as one holding each partition's).
+ */
+function someInChain(err: unknown, test: (e: object) => boolean): boolean {
   const seen = new Set<unknown>();
-  let e: unknown = err;
-  while (e && typeof e === 'object' && !seen.has(e)) {
+  const todo: unknown[] = [err];
+  while (todo.length > 0) {
+    const e = todo.pop();
+    if (!e || typeof e !== 'object' || seen.has(e)) continue;
     seen.add(e);
-    const type = (e as { type?: unknown }).type;
-    if (typeof type === 'string' && POISON_TYPES.has(type)) return true;
-    e = (e as { cause?: unknown }).cause;
+    if (test(e)) return true;
+    todo.push((e as { cause?: unknown }).cause);
+    const inner = (e as { errors?: unknown }).errors;
+    if (Array.isArray(inner)) todo.push(...inner);
   }
   return false;
 }
@@ -33,15 +52,14 @@ export function isPoisonError(err: unknown): boolean {
  * address is not one a socket can use. A refused or timed-out connection is an outage.
  */
 export function isKafkaConfigurationError(err: unknown): boolean {
-  const seen = new Set<unknown>();
-  let e: unknown = err;
-  while (e && typeof e === 'object' && !seen.has(e)) {
-    seen.add(e);
+  return someInChain(err, (e) => {
     const { name, code } = e as { name?: unknown; code?: unknown };
-    if (name === 'KafkaJSSASLAuthenticationError' || code === 'ERR_SOCKET_BAD_PORT') return true;
-    e = (e as { cause?: unknown }).cause;
-  }
-  return false;
+    return (
+      name === 'KafkaJSSASLAuthenticationError' ||
+      code === 'PLT_KFK_AUTHENTICATION' ||
+      code === 'ERR_SOCKET_BAD_PORT'
+    );
+  });
 }
 
 /**

@@ -3,6 +3,8 @@ import { z } from 'zod';
 import { CairnError, CairnErrorCodes } from '../errors.js';
 import { opt, optionsSchema, parseOptions } from '../options.js';
 import { recordingPartitioner, type SentPartition, unacknowledgedPartitions } from './acknowledgements.js';
+import { defaultKafkaClient, type KafkaClientName, kafkaClientNames } from './clientChoice.js';
+import { createPlatformaticPublisher } from './platformaticPublisher.js';
 
 /** One message to publish: topic, key, bytes and headers. */
 export interface PublishMessage {
@@ -51,6 +53,8 @@ export interface KafkaPublisherOptions {
   clientId?: string;
   /** Gzip each batch. */
   compression?: boolean;
+  /** The Kafka client underneath (default: CAIRN_KAFKA_CLIENT, else `kafkajs`). */
+  client?: KafkaClientName;
 }
 
 const KafkaPublisherOptionsSchema = optionsSchema<KafkaPublisherOptions>()(
@@ -58,6 +62,7 @@ const KafkaPublisherOptionsSchema = optionsSchema<KafkaPublisherOptions>()(
     brokers: z.array(opt.text()).min(1, 'must name at least one broker (host:port)'),
     clientId: opt.text().optional(),
     compression: z.boolean().optional(),
+    client: z.enum(kafkaClientNames).optional(),
   }),
 );
 
@@ -67,6 +72,13 @@ const KafkaPublisherOptionsSchema = optionsSchema<KafkaPublisherOptions>()(
  */
 export function createKafkaPublisher(options: KafkaPublisherOptions): Publisher {
   const opts = parseOptions('Kafka publisher options', KafkaPublisherOptionsSchema, options);
+  if ((opts.client ?? defaultKafkaClient()) === 'platformatic') {
+    return createPlatformaticPublisher({
+      brokers: opts.brokers,
+      clientId: opts.clientId ?? 'cairn-relay',
+      ...(opts.compression ? { compression: true } : {}),
+    });
+  }
   const kafka = kafkaClient(opts.brokers, opts.clientId ?? 'cairn-relay');
   let producer: Producer | undefined;
   /** The partition kafkajs chose for each message object handed to sendBatch. */

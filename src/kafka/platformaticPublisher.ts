@@ -1,0 +1,104 @@
+import {
+  CompressionAlgorithms,
+  type MessageToProduce,
+  Producer,
+  stringSerializer,
+} from '@platformatic/kafka';
+import { CairnError, CairnErrorCodes } from '../errors.js';
+import { keyHash } from './keyPartition.js';
+import type { Publisher, PublishMessage } from './publisher.js';
+
+type Message = MessageToProduce<string, Buffer, string, string>;
+
+/**
+ * A Publisher on @platformatic/kafka with the guarantees of the kafkajs one: an idempotent
+ * producer (the client then forces acks=all and one request in flight per connection), keys
+ * placed on the partition kafkajs and the Java client choose (./keyPartition.ts), and a send
+ * that counts only when every partition it wrote to answered.
+ */
+export function createPlatformaticPublisher(opts: {
+  brokers: string[];
+  clientId: string;
+  compression?: boolean;
+}): Publisher {
+  let producer: Producer<string, Buffer, string, string> | undefined;
+  /** The key hash the partitioner computed for each message object handed to send(). */
+  const hashOf = new WeakMap<object, number>();
+  const notConnected = () =>
+    new CairnError(
+      CairnErrorCodes.NotConnected,
+      `publisher to ${opts.brokers.join(',')} is not connected: call connect() before publish()`,
+    );
+  const open = () =>
+    new Producer<string, Buffer, string, string>({
+      clientId: opts.clientId,
+      bootstrapBrokers: opts.brokers,
+      idempotent: true,
+      acks: -1,
+      autocreateTopics: true,
+      // An idempotent producer otherwise retries without end (retries: MAX_SAFE_INTEGER): a
+      // broker that is down must fail the send so the relay can say so and retry the batch.
+      retries: 3,
+      retryDelay: (_client, _op, attempt) => Math.min(2000, 100 * 2 ** attempt),
+      connectTimeout: 3000,
+      timeout: 15_000,
+      serializers: { key: stringSerializer, headerKey: stringSerializer, headerValue: stringSerializer },
+      // The client takes the result modulo the partition count: the Java client's choice.
+      partitioner: (message, key) => {
+        const h = key ? keyHash(key) : 0;
+        hashOf.set(message, h);
+        return h;
+      },
+      ...(opts.compression ? { compression: CompressionAlgorithms.GZIP } : {}),
+    });
+  return {
+    address: opts.brokers.join(','),
+    async connect() {
+      if (producer && !producer.closed) return;
+      const next = open();
+      producer = next;
+      try {
+        // The client connects lazily: ask for metadata so connect() fails when no broker answers.
+        await next.metadata({ topics: [] });
+      } catch (err) {
+        producer = undefined;
+        await next.close().catch(() => {});
+        throw err;
+      }
+    },
+    async publish(messages) {
+      const p = producer;
+      if (!p) throw notConnected();
+      const out: Message[] = messages.map((m: PublishMessage) => ({
+        topic: m.topic,
+        key: m.key,
+        value: m.value,
+        headers: m.headers,
+      }));
+      const result = await p.send({ messages: out });
+      // Every partition written to must have answered (see ./acknowledgements.ts for the
+      // kafkajs bug that made this check necessary; here it guards the same promise).
+      const acked = new Set((result.offsets ?? []).map((o) => `${o.topic}\u0000${o.partition}`));
+      const missing = new Set<string>();
+      for (const m of out) {
+        const count = p.currentMetadata?.topics.get(m.topic)?.partitionsCount;
+        const hash = hashOf.get(m);
+        const k = count && hash !== undefined ? `${m.topic}\u0000${hash % count}` : `${m.topic}\u0000?`;
+        if (!acked.has(k)) missing.add(k.replace('\u0000', '/'));
+      }
+      if (missing.size > 0) {
+        throw new CairnError(
+          CairnErrorCodes.PublishFailed,
+          `@platformatic/kafka resolved a send to ${opts.brokers.join(',')} without an acknowledgement from ` +
+            `${[...missing].join(', ')}: those messages may never have been written; send the batch again`,
+          { retriable: true },
+        );
+      }
+    },
+    async disconnect() {
+      const p = producer;
+      producer = undefined;
+      await p?.close();
+    },
+  };
+}

@@ -1,0 +1,23 @@
+import { MultipleErrors, NetworkError, ResponseError } from '@platformatic/kafka';
+import { describe, expect, it } from 'vitest';
+import { isPoisonError } from '../../src/kafka/classifyError.js';
+
+// How @platformatic/kafka reports a failed send: the send's error holds the broker response's,
+// which holds one error per partition (apiId names the broker's error code).
+const failedSend = (code: number) =>
+  new MultipleErrors('Producing messages failed.', [
+    new ResponseError(0, 9, { '/responses/0/partition_responses/0': [code, null] }, {}),
+  ]);
+
+describe('isPoisonError with @platformatic/kafka errors', () => {
+  it('parks a message the broker refuses for good (MESSAGE_TOO_LARGE, INVALID_RECORD, TOPIC_AUTHORIZATION_FAILED)', () => {
+    for (const code of [10, 87, 29]) expect(isPoisonError(failedSend(code))).toBe(true);
+  });
+  it('retries what waiting can fix (NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS, a lost connection)', () => {
+    expect(isPoisonError(failedSend(6))).toBe(false);
+    expect(isPoisonError(failedSend(19))).toBe(false);
+    expect(
+      isPoisonError(new MultipleErrors('metadata failed 4 times.', [new NetworkError('Connection closed')])),
+    ).toBe(false);
+  });
+});
