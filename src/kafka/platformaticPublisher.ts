@@ -29,7 +29,32 @@ export function createPlatformaticPublisher(opts: {
       CairnErrorCodes.NotConnected,
       `publisher to ${opts.brokers.join(',')} is not connected: call connect() before publish()`,
     );
-  const open = () =>
+  /** Between connect() and disconnect(): publish() may (re)open the producer. */
+  let wanted = false;
+  /** The open in flight: concurrent callers share it, so one producer is ever open. */
+  let opening: Promise<NonNullable<typeof producer>> | undefined;
+  function open(): Promise<NonNullable<typeof producer>> {
+    opening ??= openOnce().finally(() => {
+      opening = undefined;
+    });
+    return opening;
+  }
+  /** Opens a producer and asks for metadata, so that it fails when no broker answers. */
+  async function openOnce(): Promise<NonNullable<typeof producer>> {
+    const previous = producer;
+    await previous?.close().catch(() => {});
+    const next = create();
+    producer = next;
+    try {
+      await next.metadata({ topics: [] });
+      return next;
+    } catch (err) {
+      if (producer === next) producer = undefined;
+      await next.close().catch(() => {});
+      throw err;
+    }
+  }
+  const create = () =>
     new Producer<string, Buffer, string, string>({
       clientId: opts.clientId,
       bootstrapBrokers: opts.brokers,
@@ -54,21 +79,15 @@ export function createPlatformaticPublisher(opts: {
   return {
     address: opts.brokers.join(','),
     async connect() {
+      wanted = true;
       if (producer && !producer.closed) return;
-      const next = open();
-      producer = next;
-      try {
-        // The client connects lazily: ask for metadata so connect() fails when no broker answers.
-        await next.metadata({ topics: [] });
-      } catch (err) {
-        producer = undefined;
-        await next.close().catch(() => {});
-        throw err;
-      }
+      await open();
     },
     async publish(messages) {
-      const p = producer;
-      if (!p) throw notConnected();
+      if (!wanted) throw notConnected();
+      // A connect() that failed (the broker was down) leaves no producer: connecting again
+      // here sends once the broker is back, as the kafkajs publisher does.
+      const p = producer && !producer.closed ? producer : await open();
       const out: Message[] = messages.map((m: PublishMessage) => ({
         topic: m.topic,
         key: m.key,
@@ -96,6 +115,7 @@ export function createPlatformaticPublisher(opts: {
       }
     },
     async disconnect() {
+      wanted = false;
       const p = producer;
       producer = undefined;
       await p?.close();

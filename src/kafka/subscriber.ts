@@ -4,7 +4,9 @@ import { type Logger, silentLogger } from '../logger.js';
 import { opt, optionsSchema, parseOptions } from '../options.js';
 import { untilReachable } from '../startup/untilReachable.js';
 import { isKafkaConfigurationError } from './classifyError.js';
+import { defaultKafkaClient, type KafkaClientName, kafkaClientNames } from './clientChoice.js';
 import { type CreateTopicsOptions, ensureTopics } from './ensureTopics.js';
+import { createPlatformaticSubscriber } from './platformaticSubscriber.js';
 import { kafkaClient } from './publisher.js';
 
 export type { CreateTopicsOptions } from './ensureTopics.js';
@@ -77,6 +79,8 @@ export interface KafkaSubscriberOptions {
   /** Told when the client crashed for good and is being replaced (see run()). */
   onRestart?: (error: Error, attempt: number) => void;
   logger?: Logger;
+  /** The Kafka client underneath (default: CAIRN_KAFKA_CLIENT, else `kafkajs`). */
+  client?: KafkaClientName;
 }
 
 const KafkaSubscriberOptionsSchema = optionsSchema<KafkaSubscriberOptions>()(
@@ -95,6 +99,7 @@ const KafkaSubscriberOptionsSchema = optionsSchema<KafkaSubscriberOptions>()(
       .optional(),
     onRestart: opt.fn<(error: Error, attempt: number) => void>().optional(),
     logger: opt.logger(),
+    client: z.enum(kafkaClientNames).optional(),
   }),
 );
 
@@ -126,6 +131,22 @@ export function createKafkaSubscriber(options: KafkaSubscriberOptions): Subscrib
     } finally {
       await admin.disconnect().catch(() => {});
     }
+  }
+
+  if ((opts.client ?? defaultKafkaClient()) === 'platformatic') {
+    // The topic check still goes through a kafkajs admin (moving admin use behind the seam is
+    // the next step); consuming and committing are the other client's.
+    return createPlatformaticSubscriber({
+      brokers: opts.brokers,
+      groupId: opts.groupId,
+      topics: opts.topics,
+      clientId: opts.clientId ?? `cairn-inbox-${opts.groupId}`,
+      fromBeginning: opts.fromBeginning ?? true,
+      sessionTimeoutMs: opts.sessionTimeoutMs ?? 10_000,
+      probe,
+      ...(opts.onRestart ? { onRestart: opts.onRestart } : {}),
+      log,
+    });
   }
 
   /**
