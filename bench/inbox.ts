@@ -9,6 +9,7 @@ import { randomUUID } from 'node:crypto';
 import { Partitioners } from 'kafkajs';
 import { v7 as uuidv7 } from 'uuid';
 import { createInboxConsumer } from '../consumers/inboxConsumer.js';
+import { defaultKafkaClient } from '../src/kafka/clientChoice.js';
 import { createTopicsAndWait } from '../src/kafka/ensureTopics.js';
 import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../src/kafka/subscriber.js';
@@ -90,7 +91,9 @@ export async function benchInbox(args: string[]): Promise<Record<string, unknown
 
     const ratio = appliedPerS / rawPerS;
     const cpu = { inbox: cpuPerMsg(inboxCpu.cpu, n), raw_consumer: cpuPerMsg(rawCpu.cpu, n) };
-    console.log(`messages: ${n} x 200 B on 6 partitions, inbox chunk ${chunk}`);
+    console.log(
+      `messages: ${n} x 200 B on 6 partitions, inbox chunk ${chunk}, inbox on ${defaultKafkaClient()} (CAIRN_KAFKA_CLIENT)`,
+    );
     console.log(`raw kafkajs consumer (no-op)      ${rawPerS.toFixed(0).padStart(8)} msgs/s`);
     console.log(`  ${cpuLine(cpu.raw_consumer)}`);
     console.log(
@@ -102,6 +105,7 @@ export async function benchInbox(args: string[]): Promise<Record<string, unknown
     console.log(`CPU: ${cpuSrc.brokerSource}; ${cpuSrc.postgresSource}`);
     return {
       bench: 'inbox',
+      kafka_client: defaultKafkaClient(),
       applied_per_s: Math.round(appliedPerS),
       raw_consume_per_s: Math.round(rawPerS),
       ratio: Number(ratio.toFixed(3)),

@@ -10,6 +10,7 @@
 import { Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
 import { createRelay } from '../relay/relay.js';
+import { defaultKafkaClient } from '../src/kafka/clientChoice.js';
 import { createTopicsAndWait } from '../src/kafka/ensureTopics.js';
 import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { commitToAck } from './commitToAck.js';
@@ -122,7 +123,9 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
       steady_5k: cpuPerMsg(at5k.cpu, at5k.sent),
     };
     const f = (x: number) => x.toFixed(0).padStart(8);
-    console.log(`messages: ${n} x 200 B, relay batch ${batchSize}, ${steadySeconds} s per steady rate`);
+    console.log(
+      `messages: ${n} x 200 B, relay batch ${batchSize}, ${steadySeconds} s per steady rate, relay on ${defaultKafkaClient()} (CAIRN_KAFKA_CLIENT)`,
+    );
     console.log(`relay drain (backlog)            ${f(drainPerS)} msgs/s   (target >= 50,000)`);
     console.log(`  ${cpuLine(cpu.drain)}`);
     console.log(`raw kafkajs producer             ${f(rawProducerPerS)} msgs/s`);
@@ -146,6 +149,7 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
     console.log(`CPU: ${cpuSrc.brokerSource}; ${cpuSrc.postgresSource}`);
     return {
       bench: 'relay',
+      kafka_client: defaultKafkaClient(),
       drain_msgs_per_s: Math.round(drainPerS),
       raw_producer_msgs_per_s: Math.round(rawProducerPerS),
       drain_ratio: Number(ratio.toFixed(3)),
