@@ -1,5 +1,5 @@
 import { Consumer, type Message, type MessagesStream, stringDeserializer } from '@platformatic/kafka';
-import { CairnError, CairnErrorCodes } from '../errors.js';
+import { CairnError, CairnErrorCodes, UnavailableError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import { untilReachable } from '../startup/untilReachable.js';
 import { isKafkaConfigurationError } from './classifyError.js';
@@ -219,7 +219,7 @@ export function createPlatformaticSubscriber(opts: PlatformaticSubscriberOptions
     stream = s;
     const crashed = new Promise<Error>((resolve) => {
       s.once('error', resolve);
-      s.once('close', () => resolve(new Error('the @platformatic/kafka message stream closed')));
+      s.once('close', () => resolve(new UnavailableError('the @platformatic/kafka message stream closed')));
     });
     s.on('data', (m: Received) => onMessage(c, m, eachBatch));
     return { crashed };
