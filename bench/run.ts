@@ -1,5 +1,6 @@
 /** `npm run bench -- <name> [--quick] [flags]`: runs one benchmark, prints figures and a final JSON line. */
 import { benchCas } from './cas.js';
+import { benchChangelog } from './changelog.js';
 import { benchInbox } from './inbox.js';
 import { benchLanggraph } from './langgraph.js';
 import { benchRelay } from './relay.js';
@@ -7,6 +8,7 @@ import { benchWakeup } from './wakeup.js';
 
 const benches: Record<string, (args: string[]) => Promise<Record<string, unknown>>> = {
   cas: benchCas,
+  changelog: benchChangelog,
   relay: benchRelay,
   inbox: benchInbox,
   wakeup: benchWakeup,

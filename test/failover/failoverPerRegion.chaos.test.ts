@@ -51,7 +51,12 @@ describe.skipIf(skip !== '')('regional failover, a Kafka cluster per region (Mir
   });
 
   it('asynchronous replication, lagging mirror: lost work rebuilt from the mirrored changelog or detected and held, no effect twice', async () => {
-    let cli: { code: number; report: { divergedTasks: string[] } } | undefined;
+    let cli:
+      | {
+          code: number;
+          report: { divergedTasks: string[]; groupsNotJudged?: unknown[]; movedDuringCheck?: unknown[] };
+        }
+      | undefined;
     const r = await runFailover({
       mode: 'async',
       kafka: 'per-region',
@@ -94,7 +99,15 @@ describe.skipIf(skip !== '')('regional failover, a Kafka cluster per region (Mir
     for (const id of r.changelog.incomplete) expect(r.held).toContain(id);
     // What the mirror had of the changelog was rebuilt (digests as in region A: a check), the rest held.
     expect(r.changelog.rebuilt.length + r.held.length).toBeGreaterThan(0);
-    expect(cli?.code).toBe(r.report.divergedTasks.length > 0 ? 1 : 0);
+    // Exit 1 also when the check says it is incomplete: a group MirrorMaker had not translated
+    // offsets for yet (its checkpoints lag), or offsets that moved while it read.
+    const cliIncomplete =
+      (cli?.report.groupsNotJudged?.length ?? 0) > 0 || (cli?.report.movedDuringCheck?.length ?? 0) > 0;
+    if (cliIncomplete)
+      log(
+        `cairn failover check: incomplete ${JSON.stringify({ notJudged: cli?.report.groupsNotJudged, moved: cli?.report.movedDuringCheck })}`,
+      );
+    expect(cli?.code).toBe(r.report.divergedTasks.length > 0 || cliIncomplete ? 1 : 0);
     for (const t of r.report.lostTransitions) expect(cli?.report.divergedTasks).toContain(t.taskId);
     expect(r.rtoMs).toBeGreaterThan(0);
   });
