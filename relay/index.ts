@@ -11,4 +11,4 @@ export {
   type PublishMessage,
 } from '../src/kafka/publisher.js';
 export { createRelay } from './relay.js';
-export type { Relay, RelayOptions, RelayStats } from './types.js';
+export type { Relay, RelayOptions, RelayStats, RelayWalOptions } from './types.js';

@@ -23,5 +23,13 @@ export const RelayOptionsSchema = optionsSchema<RelayOptions>()(
     wakeOnNotify: opt.text().optional(),
     replicationBarrier: z.enum(['auto', 'off']).optional(),
     publishRetries: z.number().int().nonnegative().optional(),
+    wal: z
+      .strictObject({
+        connectionString: opt.text(),
+        slot: opt.text().optional(),
+        publication: opt.text().optional(),
+        sweepEveryMs: opt.ms().optional(),
+      })
+      .optional(),
   }),
 );

@@ -14,7 +14,7 @@ import { type Dependency, untilReachable } from '../src/startup/untilReachable.j
 import { RelayOptionsSchema } from './options.js';
 import { isolatePoison, type PublishContext, publishWithRetry, toMessages } from './publishBatch.js';
 import type { RelayObservation } from './publishSpan.js';
-import { type Claim, claimBatch } from './sql/claimBatch.js';
+import { type Claim, type ClaimedRow, claimBatch } from './sql/claimBatch.js';
 import { deleteFenced } from './sql/deleteFenced.js';
 import {
   acquireLanes,
@@ -27,6 +27,10 @@ import {
   synchronousReplication,
 } from './sql/laneLeases.js';
 import type { Relay, RelayOptions, RelayStats, RelayTestHooks } from './types.js';
+import { createWalRouting, streamKeyOf } from './wal/walRouting.js';
+import { lsnText } from './wal/walRows.js';
+import { checkName, DEFAULT_PUBLICATION, DEFAULT_SLOT, prepareWal } from './wal/walSetup.js';
+import { startWalStream, type WalStream } from './wal/walStream.js';
 
 export type { Relay, RelayOptions, RelayStats } from './types.js';
 
@@ -72,6 +76,13 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   const ttlMs = options.leaseTtlMs ?? 10_000;
   const maxIdleMs = options.maxIdleMs ?? 200;
   const renewEveryMs = Math.max(100, Math.floor(ttlMs / 3));
+  const wal = options.wal && {
+    connectionString: options.wal.connectionString,
+    slot: checkName('wal.slot', options.wal.slot ?? DEFAULT_SLOT),
+    publication: checkName('wal.publication', options.wal.publication ?? DEFAULT_PUBLICATION),
+  };
+  // The WAL mode: which streamed rows may be published now, which go through the table (wal/walRouting.ts).
+  const routing = options.wal && createWalRouting({ sweepEveryMs: options.wal.sweepEveryMs ?? 1000 });
   const stats: RelayStats = {
     published: 0,
     batches: 0,
@@ -180,8 +191,16 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       });
   }
 
-  const claim = (exclude: ReadonlyArray<{ id: number; lane: number }>) =>
-    claimBatch(db, { lanes: [...owned.keys()], limit: batchSize, maxBytes: maxBatchBytes, exclude });
+  const claim = (exclude: ReadonlyArray<{ id: number; lane: number }>) => {
+    const lanes = [...owned.keys()];
+    return claimBatch(db, {
+      lanes,
+      limit: batchSize,
+      maxBytes: maxBatchBytes,
+      exclude,
+      ...(routing ? { maxIds: routing.sweepBounds(lanes) } : {}),
+    });
+  };
 
   async function nextRows(): Promise<Claim> {
     const p = prefetch;
@@ -204,10 +223,17 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       await finishDelete();
       return { n: 0, full: false };
     }
-    if (full) {
+    // (Not in the WAL mode: its sweep must know that a claim covered the lanes held at the time.)
+    if (full && !routing) {
       prefetch = claim([...deletingRows, ...rows.map((r) => ({ id: r.id, lane: r.lane }))]);
       prefetch.catch(() => {}); // awaited (or dropped) later; never an unhandled rejection
     }
+    await publishRows(rows);
+    return { n: rows.length, full };
+  }
+
+  /** Publishes rows (claimed, or streamed) in order, parks what can never go, deletes what went. */
+  async function publishRows(rows: readonly ClaimedRow[]): Promise<void> {
     const { ready, parkedAny } = await toMessages(publishing, rows);
     // The prefetch may hold later messages of a key parked now: claim afresh instead.
     if (parkedAny) prefetch = undefined;
@@ -244,7 +270,87 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     if (log.isLevelEnabled('trace')) {
       for (const r of rows) log.trace({ message_id: r.message_id, lane: r.lane }, 'published');
     }
-    return { n: rows.length, full };
+  }
+
+  // The WAL mode: rows come from the slot while it streams; the table is swept for what the
+  // stream leaves to it (held lanes and keys, see wal/walRouting.ts) and read alone while the
+  // stream is down or another relay streams the slot.
+  let stream: WalStream | undefined;
+  let walSchema = 'public';
+  let streamRetryAt = 0;
+  let streamed = 0;
+
+  async function parkedKeys(): Promise<Set<string>> {
+    const { rows } = await sql<{ tenant: string; topic: string; key: string }>`
+      SELECT tenant, topic, key FROM outbox_parked_key`.execute(db);
+    return new Set(rows.map((r) => streamKeyOf({ tenant_id: r.tenant, topic: r.topic, key: r.key })));
+  }
+
+  async function ensureStream(w: NonNullable<typeof wal>, r: NonNullable<typeof routing>): Promise<void> {
+    if (stream && !stream.broken) return;
+    if (stream) {
+      await stream.stop();
+      stream = undefined;
+      r.holdAll();
+    }
+    if (Date.now() < streamRetryAt) return;
+    streamRetryAt = Date.now() + 2000;
+    try {
+      const s = await startWalStream({ ...w, schema: walSchema, log });
+      // Any id given out before now may be a row the stream delivers again (published, or
+      // skipped by an operator, before a crash): those go through the table.
+      const { rows } = await sql<{
+        last: string;
+      }>`SELECT (CASE WHEN is_called THEN last_value ELSE last_value - 1 END)::text AS last FROM outbox_id_seq`.execute(
+        db,
+      );
+      r.streamStarted(Number(rows[0]!.last));
+      stream = s;
+      log.info({ slot: w.slot }, 'streaming the outbox from the WAL');
+    } catch (err) {
+      const code = (err as { code?: string }).code;
+      // No REPLICATION right, or pg_hba refuses replication: the mode cannot work as configured.
+      if (code === '42501' || code === '28000' || code === '28P01') {
+        throw new ConfigurationError(`WAL relay: ${(err as Error).message}`, err);
+      }
+      log.warn(
+        { err: (err as Error).message, slot: w.slot },
+        'cannot stream the slot now (another relay streams it?); reading the outbox table meanwhile',
+      );
+    }
+  }
+
+  /** One step of the WAL mode: a sweep of the table when one is due, else the next streamed rows. */
+  async function walStep(w: NonNullable<typeof wal>, r: NonNullable<typeof routing>) {
+    await ensureStream(w, r);
+    r.lanesOwned(owned);
+    if (!stream) r.holdAll();
+    const parkedSoFar = stats.parked;
+    let step: { n: number; full: boolean };
+    if (r.sweepDue(Date.now())) {
+      const parkedBefore = await parkedKeys();
+      r.parked(parkedBefore);
+      step = await processBatch();
+      r.swept({ full: step.full, parkedBefore, now: Date.now() });
+    } else {
+      const rows = stream!.take(batchSize, maxBatchBytes);
+      if (rows.length === 0) {
+        await finishDelete();
+        stream!.confirmIdle();
+        return { n: 0, full: false };
+      }
+      streamed += rows.length;
+      let end: bigint | undefined;
+      for (const row of rows) if (row.endLsn !== undefined) end = row.endLsn;
+      const publish = r.route(rows);
+      if (publish.length > 0) await publishRows(publish);
+      // Every row taken is now acknowledged or in the table: the slot may drop them.
+      if (end !== undefined) stream!.confirm(end);
+      step = { n: rows.length, full: rows.length >= batchSize };
+    }
+    // A key parked during the step: held until an operator releases it and a sweep drains it.
+    if (stats.parked !== parkedSoFar) r.parked(await parkedKeys());
+    return step;
   }
 
   // A notification that arrives while a batch runs is remembered, so the next sleep is skipped.
@@ -308,6 +414,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       if (!(mapped instanceof ConfigurationError)) throw mapped;
       throw new ConfigurationError(`${database.address}: ${mapped.message}`, err);
     });
+    if (wal) walSchema = await prepareWal(db, wal);
     if (options.wakeOnNotify) {
       await listen(options.wakeOnNotify).catch((err: Error) =>
         log.warn({ err: err.message }, 'LISTEN failed; polling only'),
@@ -335,7 +442,12 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
           }
           // Without lanes nothing waits for the broker here: say so (the metric would alert forever).
           if (owned.size === 0 && stats.waitingFor === 'kafka') stats.waitingFor = null;
-          const { n, full } = owned.size > 0 ? await processBatch() : { n: 0, full: false };
+          const { n, full } =
+            owned.size === 0
+              ? { n: 0, full: false }
+              : wal && routing
+                ? await walStep(wal, routing)
+                : await processBatch();
           if (full) {
             idle = 1;
             stats.idleMs = 1;
@@ -344,9 +456,12 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
           // Never sleep past a lane renewal: the leases would expire under a sleeping relay.
           idle = n > 0 ? 1 : Math.min(maxIdleMs, renewEveryMs, idle * 2);
           stats.idleMs = idle;
-          await sleep(n > 0 ? 0 : idle);
+          if (stream && n === 0) await stream.wait(idle);
+          else await sleep(n > 0 ? 0 : idle);
         } catch (err) {
+          if (routing && err instanceof ConfigurationError) throw err; // the WAL mode as configured cannot work
           prefetch = undefined;
+          routing?.holdAll(); // what was taken from the stream is in the table: the sweep sends it
           await finishDelete().catch(() => {});
           log.error({ err: (err as Error).message }, 'relay iteration failed; retrying');
           await sleep(Math.min(1000, maxIdleMs * 2));
@@ -365,6 +480,8 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       }
     } finally {
       await finishDelete().catch(() => {});
+      await stream?.stop().catch(() => {});
+      stream = undefined;
       await listener?.end().catch(() => {});
       await releaseLanes(db, instanceId, [...owned.keys()]).catch(() => {});
       await forgetInstance(db, instanceId, ttlMs).catch(() => {});
@@ -386,7 +503,19 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       wake?.();
       await running;
     },
-    stats: () => ({ ...stats, waitMs: { ...stats.waitMs } }),
+    stats: () => ({
+      ...stats,
+      waitMs: { ...stats.waitMs },
+      ...(routing && {
+        wal: {
+          streaming: stream !== undefined && !stream.broken,
+          streamed,
+          confirmedLsn: stream && stream.confirmed > 0n ? lsnText(stream.confirmed) : null,
+          heldLanes: routing.held.lanes.size,
+          heldKeys: routing.held.keys.size,
+        },
+      }),
+    }),
   };
   return withObservations(relay, publishing.observed);
 }

@@ -39,6 +39,25 @@ export interface RelayOptions {
   replicationBarrier?: 'auto' | 'off';
   /** Attempts for a retriable publish error (broker down, no leader) before the batch is retried from scratch. */
   publishRetries?: number;
+  /**
+   * The WAL mode: learn of new rows from a logical replication slot (pgoutput) instead of
+   * polling the table. Needs `wal_level = logical` and a role with REPLICATION (docs/relay-modes.md).
+   * Rows still leave the table only after the broker's ack, and the table is swept for what the
+   * stream leaves to it; several relays share the lanes as in the polling mode, one streams the slot.
+   */
+  wal?: RelayWalOptions;
+}
+
+/** What the WAL mode needs (see RelayOptions.wal). */
+export interface RelayWalOptions {
+  /** A connection string for the replication connection (the same database as `db`). */
+  connectionString: string;
+  /** The logical replication slot (default `cairn_relay`): created when missing. */
+  slot?: string;
+  /** The publication of the outbox's inserts (default `cairn_outbox`): created when missing. */
+  publication?: string;
+  /** How often the table is swept for rows the stream left to it (default 1,000 ms). */
+  sweepEveryMs?: number;
 }
 
 /**
@@ -66,6 +85,18 @@ export interface RelayStats {
   waitMs: { claim: number; publish: number; delete: number; barrier: number };
   /** At start: the dependency that has not answered yet (the relay waits for it); null once both did. */
   waitingFor: 'postgres' | 'kafka' | null;
+  /** The WAL mode only. */
+  wal?: {
+    /** Whether this relay streams the slot now (else it reads the table, like the polling mode). */
+    streaming: boolean;
+    /** Rows taken from the stream (published, or left to the table's sweep). */
+    streamed: number;
+    /** Where this relay last confirmed the slot to. */
+    confirmedLsn: string | null;
+    /** Lanes and keys whose streamed rows wait for the sweep (see relay/wal/walRouting.ts). */
+    heldLanes: number;
+    heldKeys: number;
+  };
 }
 
 /**

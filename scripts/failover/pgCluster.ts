@@ -176,15 +176,20 @@ process.once('exit', () => {
 /**
  * initdb + a primary that accepts replication from 127.0.0.1; asynchronous until
  * `requireSynchronous` names a standby (set it once the standby streams, or every commit waits).
+ * `walLevel: 'logical'` for the relay's WAL mode (logical decoding).
  */
-export async function startPrimary(root: string, name: string): Promise<PgServer> {
+export async function startPrimary(
+  root: string,
+  name: string,
+  o: { walLevel?: 'replica' | 'logical' } = {},
+): Promise<PgServer> {
   const bin = findPgBin();
   ownedDir(root);
   const dir = ownedDir(join(root, name));
   const socketDir = ownedDir(join(root, 'sockets'));
   await run(join(bin, 'initdb'), ['-D', dir, '-U', pgUser, '--auth=trust', '--no-sync', '-E', 'UTF8']);
   const conf = [
-    'wal_level = replica',
+    `wal_level = ${o.walLevel ?? 'replica'}`,
     'max_wal_senders = 8',
     'max_replication_slots = 8',
     'wal_keep_size = 256MB',

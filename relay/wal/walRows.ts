@@ -1,0 +1,90 @@
+import type { Pgoutput } from 'pg-logical-replication';
+import type { ClaimedRow } from '../sql/claimBatch.js';
+
+/**
+ * An outbox row as the WAL delivered it, and where its transaction ends: set on the last row
+ * of a transaction only. Once every row up to it is published or left in the table, the slot
+ * may be confirmed up to `endLsn`.
+ */
+export interface StreamRow extends ClaimedRow {
+  endLsn?: bigint;
+}
+
+/** Postgres' epoch (2000-01-01) in Unix milliseconds: timestamptz is microseconds since it. */
+const PG_EPOCH_MS = 946_684_800_000;
+
+/** An LSN as pgoutput-logical-replication spells it ("16/B374D848") as a number to compare. */
+export function lsnOf(text: string | null | undefined): bigint | undefined {
+  if (!text) return undefined;
+  const [hi, lo] = text.split('/');
+  return (BigInt(`0x${hi}`) << 32n) | BigInt(`0x${lo}`);
+}
+
+/** The LSN text form back (for the standby status update). */
+export function lsnText(lsn: bigint): string {
+  return `${(lsn >> 32n).toString(16).toUpperCase()}/${(lsn & 0xffffffffn).toString(16).toUpperCase()}`;
+}
+
+type Raw = Record<string, Uint8Array | null>;
+
+const buf = (v: Uint8Array) => Buffer.from(v.buffer, v.byteOffset, v.byteLength);
+
+function text(raw: Raw, name: string): string | null {
+  const v = raw[name];
+  return v ? buf(v).toString('utf8') : null;
+}
+
+function int8(raw: Raw, name: string): number | null {
+  const v = raw[name];
+  return v ? Number(buf(v).readBigInt64BE(0)) : null;
+}
+
+function int4(raw: Raw, name: string): number | null {
+  const v = raw[name];
+  return v ? buf(v).readInt32BE(0) : null;
+}
+
+function uuid(raw: Raw, name: string): string {
+  const h = buf(raw[name]!).toString('hex');
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+}
+
+/**
+ * An outbox insert, decoded from pgoutput's binary tuple (the `binary 'true'` option: each
+ * column in its type's send format, so the payload arrives as its bytes and no text is parsed
+ * but the headers). The same shape the polling claim returns, so the rest of the relay does
+ * not know where a row came from. Columns are found by name: a column added by a later
+ * migration does not move them.
+ */
+export function outboxRowOf(insert: Pgoutput.MessageInsert): ClaimedRow {
+  const raw = insert.new as Raw;
+  const headers = raw.headers;
+  // jsonb's send format: a version byte (1), then the JSON text.
+  const headersText = headers ? buf(headers).subarray(1).toString('utf8') : '{}';
+  let parsedHeaders: unknown;
+  try {
+    parsedHeaders = JSON.parse(headersText);
+  } catch {
+    parsedHeaders = headersText; // not an object: wireHeaders parks the key, as for a polled row
+  }
+  const created = raw.created_at ? buf(raw.created_at).readBigInt64BE(0) : undefined;
+  return {
+    id: int8(raw, 'id')!,
+    lane: int4(raw, 'lane')!,
+    message_id: uuid(raw, 'message_id'),
+    tenant_id: text(raw, 'tenant_id'),
+    task_id: text(raw, 'task_id'),
+    task_version: int8(raw, 'task_version'),
+    task_seq: int4(raw, 'task_seq'),
+    topic: text(raw, 'topic')!,
+    key: text(raw, 'key')!,
+    headers: parsedHeaders,
+    // A view of the replication chunk, not a copy: each chunk is a buffer of its own.
+    payload: raw.payload ? buf(raw.payload) : Buffer.alloc(0),
+    // 'infinity' is int64 max: not finite, as the polled row's extract(epoch) would say.
+    created_ms:
+      created === undefined || created === 0x7fffffffffffffffn || created === -0x8000000000000000n
+        ? Number.POSITIVE_INFINITY
+        : Number(created / 1000n) + PG_EPOCH_MS,
+  };
+}

@@ -1,0 +1,213 @@
+import type pg from 'pg';
+import { LogicalReplicationService, type Pgoutput, PgoutputPlugin } from 'pg-logical-replication';
+import type { Logger } from '../../src/logger.js';
+import { lsnOf, lsnText, outboxRowOf, type StreamRow } from './walRows.js';
+
+/**
+ * The outbox's inserts as the WAL has them: a logical replication connection on the relay's
+ * slot, decoded with pgoutput in binary form, buffered by whole transactions in commit order.
+ *
+ * The slot is a fast feed, not the authority: a row leaves the outbox table only once the
+ * broker acknowledged it (the relay's delete), so a row the stream skipped, or delivered to a
+ * relay that then died, is still in the table for the relay's sweep. The slot is confirmed up
+ * to a transaction once each of its rows was acknowledged or left in the table; on restart it
+ * resends what follows (duplicates with the same message id, never a loss).
+ */
+export interface WalStream {
+  /** Buffered rows of committed transactions, oldest first: up to `maxRows`, cut at `maxBytes` of payload (one row at least). */
+  take(maxRows: number, maxBytes: number): StreamRow[];
+  /** Resolves when rows arrive, the stream breaks, or after `ms`. */
+  wait(ms: number): Promise<void>;
+  /** Everything before `lsn` is published or in the table: the slot may drop it. */
+  confirm(lsn: bigint): void;
+  /** Nothing buffered or half-received: confirm up to what the server last said it had sent. */
+  confirmIdle(): void;
+  /** Why the stream ended (a lost connection, the server going away), or undefined while it runs. */
+  readonly broken: Error | undefined;
+  /** The position the slot was last confirmed to by this stream. */
+  readonly confirmed: bigint;
+  stop(): Promise<void>;
+}
+
+/** pgoutput with `binary 'true'` (Postgres 14+): columns in their send format, the payload as its bytes. */
+class BinaryPgoutput extends PgoutputPlugin {
+  constructor(private readonly publication: string) {
+    super({ protoVersion: 1, publicationNames: [publication] });
+  }
+  override start(client: pg.Client, slot: string, lastLsn: string): Promise<unknown> {
+    return client.query(
+      `START_REPLICATION SLOT "${slot}" LOGICAL ${lastLsn} (proto_version '1', publication_names '${this.publication}', binary 'true')`,
+    );
+  }
+}
+
+/** Buffered rows past which the connection is paused until the relay has taken half of them. */
+const HIGH_WATER_ROWS = 50_000;
+/** A standby status update at least this often, so wal_sender_timeout (60 s by default) never ends the stream. */
+const STATUS_EVERY_MS = 10_000;
+
+/**
+ * Starts streaming the slot (which must exist: relay/wal/walSetup.ts) from its confirmed
+ * position. Rejects when the server refuses (the slot held by another relay's connection, no
+ * REPLICATION privilege, wal_level too low).
+ */
+export async function startWalStream(o: {
+  connectionString: string;
+  slot: string;
+  publication: string;
+  /** Only inserts into this table (Cairn's outbox, in this schema) are taken; any other table added to the publication is ignored. */
+  schema: string;
+  log: Logger;
+}): Promise<WalStream> {
+  const service = new LogicalReplicationService(
+    { connectionString: o.connectionString, application_name: `cairn-relay-wal` },
+    // Never acknowledge on its own: its timer would confirm what was received, not what the broker acked.
+    { acknowledge: { auto: false, timeoutSeconds: 0 }, flowControl: { enabled: false } },
+  );
+  let ready: StreamRow[] = [];
+  let head = 0;
+  let open: StreamRow[] | undefined;
+  let lastCommitEnd = 0n;
+  let keepalive = 0n;
+  let confirmed = 0n;
+  let broken: Error | undefined;
+  let paused = false;
+  let wake: (() => void) | undefined;
+  const signal = () => {
+    const w = wake;
+    wake = undefined;
+    w?.();
+  };
+  // The library keeps the socket's stream private; it pauses it the same way for its own flow control.
+  const socket = () =>
+    (service as unknown as { _connection?: { stream?: { pause?(): void; resume?(): void } } })._connection
+      ?.stream;
+
+  const sendStatus = () => {
+    // The library sends the LSN it is given plus one; the slot's position is `confirmed` exactly.
+    if (!broken && confirmed > 0n) void service.acknowledge(lsnText(confirmed - 1n)).catch(() => {});
+  };
+  const timer = setInterval(sendStatus, STATUS_EVERY_MS);
+  timer.unref();
+
+  service.on('data', (_lsn: string, m: Pgoutput.Message) => {
+    switch (m.tag) {
+      case 'begin':
+        open = [];
+        break;
+      case 'insert':
+        if (open && m.relation.name === 'outbox' && m.relation.schema === o.schema) open.push(outboxRowOf(m));
+        break;
+      case 'commit': {
+        const end = lsnOf(m.commitEndLsn) ?? 0n;
+        if (open && open.length > 0) {
+          open[open.length - 1]!.endLsn = end;
+          for (const r of open) ready.push(r);
+          if (!paused && ready.length - head > HIGH_WATER_ROWS) {
+            paused = true;
+            socket()?.pause?.();
+          }
+          signal();
+        }
+        open = undefined;
+        lastCommitEnd = end;
+        break;
+      }
+      default:
+        break;
+    }
+  });
+  service.on('heartbeat', (lsn: string, _ts: number, shouldRespond: boolean) => {
+    keepalive = lsnOf(lsn) ?? keepalive;
+    if (shouldRespond) sendStatus();
+  });
+  const fail = (err: Error) => {
+    if (broken) return;
+    broken = err;
+    o.log.warn({ err: err.message }, 'WAL stream ended; the relay reads the outbox table until it is back');
+    signal();
+  };
+  service.on('error', fail);
+
+  const started = new Promise<void>((resolve, reject) => {
+    service.once('start', () => resolve());
+    service.subscribe(new BinaryPgoutput(o.publication), o.slot).then(
+      () => fail(new Error('the replication stream ended')),
+      (err: Error) => {
+        reject(err);
+        fail(err);
+      },
+    );
+  });
+  try {
+    await started;
+  } catch (err) {
+    clearInterval(timer);
+    await service.destroy().catch(() => {});
+    throw err;
+  }
+
+  return {
+    take(maxRows, maxBytes) {
+      const out: StreamRow[] = [];
+      let bytes = 0;
+      while (head < ready.length && out.length < maxRows) {
+        const r = ready[head]!;
+        if (out.length > 0 && bytes + r.payload.length > maxBytes) break;
+        bytes += r.payload.length;
+        out.push(r);
+        head++;
+      }
+      if (head === ready.length) {
+        ready = [];
+        head = 0;
+      } else if (head > 10_000) {
+        ready = ready.slice(head);
+        head = 0;
+      }
+      if (paused && ready.length - head < HIGH_WATER_ROWS / 2) {
+        paused = false;
+        socket()?.resume?.();
+      }
+      return out;
+    },
+    wait(ms) {
+      if (head < ready.length || broken) return Promise.resolve();
+      return new Promise((resolve) => {
+        const t = setTimeout(() => {
+          wake = undefined;
+          resolve();
+        }, ms);
+        wake = () => {
+          clearTimeout(t);
+          resolve();
+        };
+      });
+    },
+    confirm(lsn) {
+      if (lsn <= confirmed) return;
+      confirmed = lsn;
+      sendStatus();
+    },
+    confirmIdle() {
+      if (head < ready.length || open !== undefined) return;
+      const upTo = keepalive > lastCommitEnd ? keepalive : lastCommitEnd;
+      if (upTo > confirmed) {
+        confirmed = upTo;
+        sendStatus();
+      }
+    },
+    get broken() {
+      return broken;
+    },
+    get confirmed() {
+      return confirmed;
+    },
+    async stop() {
+      clearInterval(timer);
+      broken ??= new Error('stopped');
+      signal();
+      await service.destroy().catch(() => {});
+    },
+  };
+}
