@@ -2,6 +2,8 @@
  * The relay as a process (`cairn relay`, or `tsx relay/main.ts`). Configuration from the
  * environment: DATABASE_URL, KAFKA_BROKERS, CAIRN_RELAY_INSTANCE, CAIRN_RELAY_BATCH,
  * CAIRN_RELAY_LEASE_TTL_MS, CAIRN_RELAY_MAX_IDLE_MS, CAIRN_RELAY_REPLICATION_BARRIER (auto|off),
+ * CAIRN_RELAY_MODE (poll, the default, or wal: new rows from a logical replication slot on
+ * DATABASE_URL, named by CAIRN_RELAY_WAL_SLOT, default cairn_relay; docs/relay-modes.md),
  * CAIRN_METRICS_PORT (serves /metrics, /healthz, /readyz when set) on CAIRN_METRICS_HOST
  * (default 127.0.0.1). SIGTERM/SIGINT finish the batch in flight, release the lanes and exit 0.
  *
@@ -13,6 +15,7 @@
  */
 import { createDb } from '../src/db/database.js';
 import { databaseUrlFromEnv, kafkaBrokersFromEnv } from '../src/env.js';
+import { ConfigurationError } from '../src/errors.js';
 import { exitCodeFor } from '../src/exitCodes.js';
 import { createKafkaPublisher } from '../src/kafka/publisher.js';
 import { createLogger } from '../src/logger.js';
@@ -24,6 +27,12 @@ function killAfter(batch: number) {
   return (n: number) => {
     if (n >= batch) process.kill(process.pid, 'SIGKILL');
   };
+}
+
+function relayMode(): 'poll' | 'wal' {
+  const mode = process.env.CAIRN_RELAY_MODE ?? 'poll';
+  if (mode === 'poll' || mode === 'wal') return mode;
+  throw new ConfigurationError(`CAIRN_RELAY_MODE is "${mode}": use poll (the default) or wal`);
 }
 
 let running: Promise<number> | undefined;
@@ -56,6 +65,14 @@ async function relayProcess(): Promise<number> {
       ...(num('CAIRN_RELAY_MAX_IDLE_MS') ? { maxIdleMs: num('CAIRN_RELAY_MAX_IDLE_MS')! } : {}),
       ...(process.env.CAIRN_RELAY_REPLICATION_BARRIER === 'off'
         ? { replicationBarrier: 'off' as const }
+        : {}),
+      ...(relayMode() === 'wal'
+        ? {
+            wal: {
+              connectionString: databaseUrlFromEnv(),
+              ...(process.env.CAIRN_RELAY_WAL_SLOT ? { slot: process.env.CAIRN_RELAY_WAL_SLOT } : {}),
+            },
+          }
         : {}),
     },
     killAfterPublish ? { afterPublish: killAfter(killAfterPublish) } : {},

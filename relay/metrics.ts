@@ -5,6 +5,7 @@ import { totalCounter } from '../src/metrics/totalCounter.js';
 import { outboxStatus } from '../src/outbox/status.js';
 import type { RelayObservation } from './publishSpan.js';
 import type { Relay } from './relay.js';
+import { slotLag } from './wal/walSetup.js';
 
 /** Seconds from commit to the broker's ack: a relay keeping up is in the first buckets. */
 export const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300];
@@ -68,6 +69,7 @@ export function relayMetrics(relay: Relay, db: Db): Registry {
       this.set(status?.parked_keys ?? 0);
     },
   });
+  if (relay.stats().wal) walGauges(registry, relay, db);
   const commitToPublish = new Histogram({
     name: 'cairn_relay_commit_to_publish_seconds',
     help: "From an outbox row's insert (database clock) to the broker's ack of its message",
@@ -85,4 +87,26 @@ export function relayMetrics(relay: Relay, db: Db): Registry {
     for (const s of o.commitToPublishSeconds) commitToPublish.observe(s);
   });
   return registry;
+}
+
+/** The WAL mode's gauges: whether this relay streams the slot, and the WAL the slot holds. */
+function walGauges(registry: Registry, relay: Relay, db: Db): void {
+  new Gauge({
+    name: 'cairn_relay_wal_streaming',
+    help: '1 while this relay streams the replication slot (0: it reads the outbox table, as in the polling mode)',
+    registers: [registry],
+    collect() {
+      this.set(relay.stats().wal?.streaming ? 1 : 0);
+    },
+  });
+  new Gauge({
+    name: 'cairn_relay_wal_slot_lag_bytes',
+    help: "WAL the relay's replication slot holds on the server's disk (pg_current_wal_lsn() - confirmed_flush_lsn); grows without bound while no relay streams it",
+    registers: [registry],
+    async collect() {
+      const slot = relay.stats().wal?.slot;
+      const lag = slot ? await slotLag(db, slot).catch(() => undefined) : undefined;
+      if (lag) this.set(lag.lagBytes);
+    },
+  });
 }

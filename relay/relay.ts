@@ -508,6 +508,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       waitMs: { ...stats.waitMs },
       ...(routing && {
         wal: {
+          slot: wal!.slot,
           streaming: stream !== undefined && !stream.broken,
           streamed,
           confirmedLsn: stream && stream.confirmed > 0n ? lsnText(stream.confirmed) : null,

@@ -87,6 +87,8 @@ export interface RelayStats {
   waitingFor: 'postgres' | 'kafka' | null;
   /** The WAL mode only. */
   wal?: {
+    /** The replication slot. */
+    slot: string;
     /** Whether this relay streams the slot now (else it reads the table, like the polling mode). */
     streaming: boolean;
     /** Rows taken from the stream (published, or left to the table's sweep). */

@@ -1,6 +1,14 @@
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { startLocalKafka, stopLocalKafka } from '../../cli/stack/kafka.js';
 import { createRelay } from '../../relay/relay.js';
+import { type PgServer, startPrimary } from '../../scripts/failover/pgCluster.js';
+import { createDb, type Db } from '../../src/db/database.js';
+import { migrateToLatest } from '../../src/db/migrate.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { type Child, sigkill, sigterm, spawnTs } from '../support/processes.js';
@@ -14,14 +22,34 @@ import { type ReadMessage, readTopic, waitFor } from '../support/topicReader.js'
 
 const kafka = kafkaClient(kafkaBrokers(), 'relay-chaos-test');
 const outbox = createOutbox();
-let tdb: TestDatabase;
+let pollDb: TestDatabase;
+// The WAL mode's run: a throw-away server with wal_level = logical (the one on 5432 has replica).
+let walServer: PgServer | undefined;
+let walRoot: string | undefined;
+let walDb: Db | undefined;
+/** The database the test at hand writes to. */
+let tdb: { db: Db; url: string };
 
 beforeAll(async () => {
-  tdb = await createTestDatabase('relay_chaos', { max: 12 });
+  pollDb = await createTestDatabase('relay_chaos', { max: 12 });
 });
 afterAll(async () => {
-  await tdb.drop();
+  await pollDb.drop();
+  await walDb?.destroy();
+  await walServer?.stop();
+  if (walRoot) rmSync(walRoot, { recursive: true, force: true });
 });
+
+async function logicalDatabase(): Promise<{ db: Db; url: string }> {
+  walRoot = mkdtempSync(join(tmpdir(), 'cairn-relay-chaos-'));
+  walServer = await startPrimary(walRoot, 'wal', { walLevel: 'logical' });
+  const name = `chaos_${randomBytes(3).toString('hex')}`;
+  await walServer.query(`CREATE DATABASE ${name}`);
+  const url = walServer.url(name);
+  walDb = createDb({ connectionString: url, max: 12 });
+  await migrateToLatest(walDb);
+  return { db: walDb, url };
+}
 
 /** `writers` concurrent writers, each owning keys/writers keys, one message per transaction, seq rising per key. */
 async function writeLoad(topic: string, writers: number, keys: number, perKey: number, prefix = 'key') {
@@ -68,6 +96,19 @@ function checkDelivery(sent: Map<string, string>, got: ReadMessage[]) {
   return { duplicates };
 }
 
+async function currentLsn(): Promise<string> {
+  const { rows } = await sql<{ lsn: string }>`SELECT pg_current_wal_lsn()::text AS lsn`.execute(tdb.db);
+  return rows[0]!.lsn;
+}
+
+async function slotConfirmedPast(lsn: string): Promise<boolean | undefined> {
+  const { rows } = await sql<{ past: boolean }>`
+    SELECT confirmed_flush_lsn >= ${lsn}::pg_lsn AS past FROM pg_replication_slots WHERE slot_name = 'cairn_relay'`.execute(
+    tdb.db,
+  );
+  return rows[0]?.past;
+}
+
 async function outboxEmpty(): Promise<boolean> {
   const r = await tdb.db
     .selectFrom('outbox')
@@ -77,77 +118,95 @@ async function outboxEmpty(): Promise<boolean> {
 }
 
 describe('relay under crashes (real processes, real broker)', () => {
-  it('3 relay processes, 8 writers on 200 keys, relays SIGKILLed again and again (also between publish and delete): nothing lost, per-key order kept, duplicates only with the same message_id', async () => {
-    const topic = await createTestTopic('relay-chaos', 6);
-    const env = (name: string, extra: Record<string, string> = {}) => ({
-      DATABASE_URL: tdb.url,
-      KAFKA_BROKERS: kafkaBrokers().join(','),
-      CAIRN_RELAY_INSTANCE: name,
-      CAIRN_RELAY_LEASE_TTL_MS: '1500',
-      CAIRN_RELAY_BATCH: '50',
-      CAIRN_RELAY_MAX_IDLE_MS: '50',
-      ...extra,
-    });
-    let generation = 0;
-    let writing = true;
-    // Every incarnation of relay 0 kills itself right after the broker acked its 3rd batch,
-    // before deleting it: the named crash point "between publish and delete".
-    const start = (slot: number) =>
-      spawnTs(
-        `relay-${slot}`,
-        'relay/main.ts',
-        env(`relay-${slot}-g${generation++}`, slot === 0 ? { CAIRN_FAULT_KILL_AFTER_PUBLISH: '3' } : {}),
-      );
-    const relays: Child[] = [start(0), start(1), start(2)];
-    // Whenever relay 0 dies at its named point, start the next incarnation (which will too).
-    let selfKills = 0;
-    let restarting = true;
-    const restartSlot0 = (child: Child): void => {
-      void child.exited.then(() => {
-        if (!restarting || relays[0] !== child || child.proc.signalCode !== 'SIGKILL') return;
-        selfKills++;
-        relays[0] = start(0);
-        restartSlot0(relays[0]);
+  it.each([
+    ['polling', {}],
+    ['WAL (one relay streams the slot, a killed one hands it over)', { CAIRN_RELAY_MODE: 'wal' }],
+  ] as const)(
+    '%s: 3 relay processes, 8 writers on 200 keys, relays SIGKILLed again and again (also between publish and delete): nothing lost, per-key order kept, duplicates only with the same message_id',
+    async (mode, modeEnv) => {
+      tdb = mode === 'polling' ? pollDb : await logicalDatabase();
+      const topic = await createTestTopic('relay-chaos', 6);
+      const env = (name: string, extra: Record<string, string> = {}) => ({
+        ...modeEnv,
+        DATABASE_URL: tdb.url,
+        KAFKA_BROKERS: kafkaBrokers().join(','),
+        CAIRN_RELAY_INSTANCE: name,
+        CAIRN_RELAY_LEASE_TTL_MS: '1500',
+        CAIRN_RELAY_BATCH: '50',
+        CAIRN_RELAY_MAX_IDLE_MS: '50',
+        ...extra,
       });
-    };
-    restartSlot0(relays[0]!);
+      let generation = 0;
+      let writing = true;
+      // Every incarnation of relay 0 kills itself right after the broker acked its 3rd batch,
+      // before deleting it: the named crash point "between publish and delete".
+      const start = (slot: number) =>
+        spawnTs(
+          `relay-${slot}`,
+          'relay/main.ts',
+          env(`relay-${slot}-g${generation++}`, slot === 0 ? { CAIRN_FAULT_KILL_AFTER_PUBLISH: '3' } : {}),
+        );
+      const relays: Child[] = [start(0), start(1), start(2)];
+      // Whenever relay 0 dies at its named point, start the next incarnation (which will too).
+      let selfKills = 0;
+      let restarting = true;
+      const restartSlot0 = (child: Child): void => {
+        void child.exited.then(() => {
+          if (!restarting || relays[0] !== child || child.proc.signalCode !== 'SIGKILL') return;
+          selfKills++;
+          relays[0] = start(0);
+          restartSlot0(relays[0]);
+        });
+      };
+      restartSlot0(relays[0]!);
 
-    let kills = 0;
-    const chaos = (async () => {
-      while (writing || kills < 6) {
-        await new Promise((r) => setTimeout(r, 700)); // the pace of the faults, not a wait for a condition
-        const slot = 1 + (kills % 2);
-        await sigkill(relays[slot]!);
-        kills++;
-        relays[slot] = start(slot);
+      let kills = 0;
+      const chaos = (async () => {
+        while (writing || kills < 6) {
+          await new Promise((r) => setTimeout(r, 700)); // the pace of the faults, not a wait for a condition
+          const slot = 1 + (kills % 2);
+          await sigkill(relays[slot]!);
+          kills++;
+          relays[slot] = start(slot);
+        }
+      })();
+      const walBefore = await currentLsn();
+      const sent = await writeLoad(topic, 8, 200, 15); // 3,000 messages
+      writing = false;
+      await chaos;
+      await waitFor('relay 0 to die at its named point twice', () => selfKills >= 2, 60_000);
+      restarting = false;
+
+      await waitFor('the outbox to drain', outboxEmpty, 90_000);
+      const got = await readTopic(
+        kafka,
+        topic,
+        (ms) => new Set(ms.map((m) => m.headers['cairn-message-id'])).size >= sent.size,
+        60_000,
+      );
+      const { duplicates } = checkDelivery(sent, got);
+      console.log(
+        `relay chaos (${mode}): ${sent.size} sent, ${got.length} received, ${duplicates} duplicates, ${kills} SIGKILLs + ${selfKills} kills between publish and delete`,
+      );
+      if (mode !== 'polling') {
+        // A relay streamed the slot and confirmed it past the load (not only swept the table).
+        await waitFor(
+          'the slot to be confirmed past the writes',
+          async () => (await slotConfirmedPast(walBefore)) === true,
+          60_000,
+        );
       }
-    })();
-    const sent = await writeLoad(topic, 8, 200, 15); // 3,000 messages
-    writing = false;
-    await chaos;
-    await waitFor('relay 0 to die at its named point twice', () => selfKills >= 2, 60_000);
-    restarting = false;
-
-    await waitFor('the outbox to drain', outboxEmpty, 90_000);
-    const got = await readTopic(
-      kafka,
-      topic,
-      (ms) => new Set(ms.map((m) => m.headers['cairn-message-id'])).size >= sent.size,
-      60_000,
-    );
-    const { duplicates } = checkDelivery(sent, got);
-    console.log(
-      `relay chaos: ${sent.size} sent, ${got.length} received, ${duplicates} duplicates, ${kills} SIGKILLs + ${selfKills} kills between publish and delete`,
-    );
-    expect(selfKills).toBeGreaterThanOrEqual(2);
-    expect(kills).toBeGreaterThanOrEqual(6);
-    // The self-kill between publish and delete guarantees at least one republished batch.
-    expect(duplicates).toBeGreaterThan(0);
-    await Promise.all(relays.map((r) => sigterm(r)));
-  });
+      expect(selfKills).toBeGreaterThanOrEqual(2);
+      expect(kills).toBeGreaterThanOrEqual(6);
+      // The self-kill between publish and delete guarantees at least one republished batch.
+      expect(duplicates).toBeGreaterThan(0);
+      await Promise.all(relays.map((r) => sigterm(r)));
+    },
+  );
 
   it('broker stopped for 10 seconds and started again: the relay recovers by itself and delivers everything', async (ctx) => {
     if (!inject('kafkaLocal')) ctx.skip(); // only the broker this run started may be stopped
+    tdb = pollDb;
     const topic = await createTestTopic('relay-broker-restart', 3);
     const relay = createRelay({
       db: tdb.db,
