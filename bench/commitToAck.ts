@@ -48,7 +48,18 @@ export async function commitToAck(opts: {
     },
   );
   const running = relay.run();
-  await new Promise((r) => setTimeout(r, 800)); // lanes acquired
+  // Measure from the moment the relay owns every lane and, in the WAL mode, streams with
+  // nothing held (rows committed before its stream started go through the table's sweep).
+  const settled = () => {
+    const st = relay.stats();
+    return (
+      st.lanesOwned === 32 &&
+      (!st.wal || (st.wal.streaming && st.wal.heldLanes === 0 && st.wal.heldKeys === 0))
+    );
+  };
+  for (const until = Date.now() + 30_000; !settled() && Date.now() < until; ) {
+    await new Promise((r) => setTimeout(r, 20));
+  }
   let sent = 0;
   const { cpu } = await cpuDuring(opts.cpu, async () => {
     const tickMs = 10;

@@ -4,7 +4,8 @@
  *  (b) steady load at fixed rates, p50/p99 from commit to broker ack;
  *  (c) the same messages through a raw kafkajs producer, and a raw Postgres insert loop.
  * Each phase also reports CPU µs per message of Node, the database's backends and the broker.
- * `--quick` runs a smaller version (under a minute) with the same JSON keys.
+ * `--quick` runs a smaller version (under a minute) with the same JSON keys. `--modes poll,wal`
+ * compares the polling and the WAL mode instead (bench/relayModes.ts).
  */
 
 import { Partitioners } from 'kafkajs';
@@ -16,9 +17,12 @@ import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { commitToAck } from './commitToAck.js';
 import { cpuDuring, cpuLine, cpuPerMsg, cpuSources } from './cpu.js';
 import { insertRows, outboxCount, PAYLOAD, rows } from './outboxRows.js';
+import { benchRelayModes } from './relayModes.js';
 import { benchDatabase, flag } from './support.js';
 
 export async function benchRelay(args: string[]): Promise<Record<string, unknown>> {
+  // Both relay modes side by side, on a throw-away server with wal_level = logical.
+  if (args.includes('--modes')) return benchRelayModes(args);
   const quick = args.includes('--quick');
   const n = flag(args, 'messages', quick ? 30_000 : 200_000);
   const steadySeconds = flag(args, 'seconds', quick ? 5 : 15);

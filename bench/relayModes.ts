@@ -1,0 +1,144 @@
+/**
+ * The relay's two modes side by side in one run (`npm run bench -- relay --modes poll,wal`),
+ * on one throw-away server with wal_level = logical (the machine's own may run `replica`),
+ * a fresh database per mode, the same broker:
+ *  - burst: N messages of 200 B committed as fast as one connection can (1,000 per
+ *    transaction) while the relay runs; CPU per message of the inserts and the relay, and of
+ *    the relay alone (minus the same inserts measured without a relay);
+ *  - steady: fixed rates, commit to broker ack p50/p99 and CPU per message.
+ * (A backlog the relay finds at start is read from the table in both modes: the WAL mode's
+ * stream only carries rows committed while it streams; see docs/relay-modes.md.)
+ */
+
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { sql } from 'kysely';
+import { resolveStack } from '../cli/stack/resolve.js';
+import { createRelay, type RelayOptions } from '../relay/relay.js';
+import { startPrimary } from '../scripts/failover/pgCluster.js';
+import { createDb } from '../src/db/database.js';
+import { migrateToLatest } from '../src/db/migrate.js';
+import { defaultKafkaClient } from '../src/kafka/clientChoice.js';
+import { createTopicsAndWait } from '../src/kafka/ensureTopics.js';
+import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
+import { commitToAck } from './commitToAck.js';
+import { type CpuPerMsg, type CpuSpent, cpuDuring, cpuLine, cpuPerMsg, cpuSources } from './cpu.js';
+import { insertRows, outboxCount, rows } from './outboxRows.js';
+import type { BenchEnv } from './support.js';
+import { flag } from './support.js';
+
+type Mode = 'poll' | 'wal';
+
+const minus = (a: CpuSpent, b: CpuSpent): CpuSpent => ({
+  nodeS: a.nodeS - b.nodeS,
+  postgresS: a.postgresS === null || b.postgresS === null ? null : a.postgresS - b.postgresS,
+  brokerS: a.brokerS === null || b.brokerS === null ? null : a.brokerS - b.brokerS,
+});
+
+export async function benchRelayModes(args: string[]): Promise<Record<string, unknown>> {
+  const quick = args.includes('--quick');
+  const i = args.indexOf('--modes');
+  const modes = (i >= 0 ? (args[i + 1] ?? '') : 'poll,wal').split(',') as Mode[];
+  for (const m of modes) if (m !== 'poll' && m !== 'wal') throw new Error(`--modes: ${m} is not poll or wal`);
+  const n = flag(args, 'messages', quick ? 20_000 : 100_000);
+  const steadySeconds = flag(args, 'seconds', quick ? 5 : 15);
+  const stack = await resolveStack((l) => console.error(`[cairn stack] ${l}`));
+  const brokers = stack.kafkaBrokers.split(',');
+  const root = mkdtempSync(join(tmpdir(), 'cairn-bench-wal-'));
+  const server = await startPrimary(root, 'bench', { walLevel: 'logical' });
+  const admin = kafkaClient(brokers, 'bench-relay-modes').admin();
+  await admin.connect();
+  const topics: string[] = [];
+  const results: Record<string, unknown> = {};
+  try {
+    for (const mode of modes) {
+      const name = `bench_${mode}`;
+      await server.query(`CREATE DATABASE ${name}`);
+      const url = server.url(name);
+      const db = createDb({ connectionString: url, max: 12 });
+      await migrateToLatest(db);
+      const env: BenchEnv = { stack, db, url, close: () => db.destroy() };
+      const cpuSrc = await cpuSources(env);
+      const topic = `bench.modes.${mode}.${Date.now()}`;
+      topics.push(topic);
+      await createTopicsAndWait(admin, [{ topic, numPartitions: 6 }]);
+      const relayOptions: Partial<RelayOptions> = {
+        batchSize: 2500,
+        leaseTtlMs: 10_000,
+        maxIdleMs: 5,
+        ...(mode === 'wal' ? { wal: { connectionString: url, slot: `bench_${mode}` } } : {}),
+      };
+
+      // The inserts alone, as the burst commits them, with no relay: what the burst's figure holds besides the relay.
+      const batches = Array.from({ length: Math.ceil(n / 1000) }, () => rows(1000, 1000, topic));
+      const insertOnly = await cpuDuring(cpuSrc, async () => {
+        for (const b of batches) await insertRows(db, b);
+      });
+      await db.deleteFrom('outbox').execute();
+      await sql`VACUUM outbox`.execute(db);
+
+      const relay = createRelay({ ...relayOptions, db, publisher: createKafkaPublisher({ brokers }) });
+      const running = relay.run();
+      const ready = () =>
+        relay.stats().lanesOwned === 32 &&
+        (mode === 'poll' || (relay.stats().wal?.streaming === true && relay.stats().wal?.heldLanes === 0));
+      while (!ready()) await new Promise((r) => setTimeout(r, 20));
+      const fresh = Array.from({ length: batches.length }, () => rows(1000, 1000, topic));
+      const burst = await cpuDuring(cpuSrc, async () => {
+        for (const b of fresh) await insertRows(db, b);
+        while (relay.stats().published < n) await new Promise((r) => setTimeout(r, 5));
+        while ((await outboxCount(db)) > 0) await new Promise((r) => setTimeout(r, 20));
+      });
+      const streamed = relay.stats().wal?.streamed ?? 0;
+      await relay.stop();
+      await running;
+
+      const steady = (rate: number) =>
+        commitToAck({ db, brokers, topic, rate, seconds: steadySeconds, relay: relayOptions, cpu: cpuSrc });
+      const at1k = await steady(1000);
+      const at5k = await steady(5000);
+      await db.destroy();
+
+      const cpu: Record<string, CpuPerMsg> = {
+        burst_inserts_and_relay: cpuPerMsg(burst.cpu, n),
+        inserts_alone: cpuPerMsg(insertOnly.cpu, n),
+        burst_relay_alone: cpuPerMsg(minus(burst.cpu, insertOnly.cpu), n),
+        steady_1k: cpuPerMsg(at1k.cpu, at1k.sent),
+        steady_5k: cpuPerMsg(at5k.cpu, at5k.sent),
+      };
+      console.log(`\n== ${mode === 'poll' ? 'polling' : 'WAL'} mode (${defaultKafkaClient()}), ${n} x 200 B`);
+      console.log(
+        `burst: ${(n / burst.seconds).toFixed(0)} msgs/s committed and published (inserts alone ${(n / insertOnly.seconds).toFixed(0)}/s)` +
+          (mode === 'wal' ? `; ${streamed} rows taken from the stream` : ''),
+      );
+      console.log(`  inserts + relay   ${cpuLine(cpu.burst_inserts_and_relay!)}`);
+      console.log(`  inserts alone     ${cpuLine(cpu.inserts_alone!)}`);
+      console.log(`  relay alone       ${cpuLine(cpu.burst_relay_alone!)}`);
+      for (const [s, c] of [
+        [at1k, cpu.steady_1k!],
+        [at5k, cpu.steady_5k!],
+      ] as const) {
+        console.log(
+          `steady ${s.rate}/s (achieved ${s.achieved.toFixed(0)}/s): commit->ack p50 ${s.p50.toFixed(1)} ms, p99 ${s.p99.toFixed(1)} ms; ${cpuLine(c)}`,
+        );
+      }
+      results[mode] = {
+        burst_msgs_per_s: Math.round(n / burst.seconds),
+        streamed,
+        p50_ms_at_1k: Number(at1k.p50.toFixed(2)),
+        p99_ms_at_1k: Number(at1k.p99.toFixed(2)),
+        p50_ms_at_5k: Number(at5k.p50.toFixed(2)),
+        p99_ms_at_5k: Number(at5k.p99.toFixed(2)),
+        cpu_by_phase: cpu,
+      };
+    }
+    return { bench: 'relay', modes: results, kafka_client: defaultKafkaClient(), messages: n };
+  } finally {
+    await admin.deleteTopics({ topics }).catch(() => {});
+    await admin.disconnect();
+    await server.stop();
+    rmSync(root, { recursive: true, force: true });
+    await stack.stop();
+  }
+}
