@@ -31,7 +31,8 @@ const commands: Record<string, Command> = {
   relay: {
     run: async () => (await import('../relay/main.js')).runRelayProcess(),
     help: `  relay                                        publish the outbox to Kafka until SIGTERM
-                                               (CAIRN_RELAY_BATCH, CAIRN_RELAY_LEASE_TTL_MS, CAIRN_RELAY_MAX_IDLE_MS)`,
+                                               (CAIRN_RELAY_BATCH, CAIRN_RELAY_LEASE_TTL_MS, CAIRN_RELAY_MAX_IDLE_MS;
+                                               CAIRN_RELAY_MODE=wal [CAIRN_RELAY_WAL_SLOT]: read the WAL, docs/relay-modes.md)`,
   },
   task: {
     run: taskCommand,

@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { sql } from 'kysely';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { relayMetrics } from '../../relay/metrics.js';
 import { createRelay, createRelayWithTestHooks, type Relay } from '../../relay/relay.js';
 import { slotLag } from '../../relay/wal/walSetup.js';
 import { type PgServer, startPrimary } from '../../scripts/failover/pgCluster.js';
@@ -129,6 +130,9 @@ describe('issue 16: the relay in WAL mode', () => {
     expect(stats.wal?.streamed).toBeGreaterThanOrEqual(1000);
     expect(stats.wal?.heldLanes).toBe(0);
     expect(stats.wal?.confirmedLsn).not.toBeNull();
+    const metrics = await relayMetrics(relay, d.db).metrics();
+    expect(metrics).toMatch(/^cairn_relay_wal_streaming 1$/m);
+    expect(metrics).toMatch(/^cairn_relay_wal_slot_lag_bytes \d+$/m);
     // Idle, the slot is confirmed up to what the server sent: it holds next to no WAL.
     await waitFor(
       'the slot to be confirmed to the end of the WAL',
