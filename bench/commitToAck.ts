@@ -1,6 +1,7 @@
 import { sql } from 'kysely';
 import { createRelayWithTestHooks, type RelayOptions } from '../relay/relay.js';
 import type { Db } from '../src/db/database.js';
+import type { KafkaClientName } from '../src/kafka/clientChoice.js';
 import { createKafkaPublisher } from '../src/kafka/publisher.js';
 import { OUTBOX_CHANNEL } from '../src/outbox/outbox.js';
 import { type CpuSources, type CpuSpent, cpuDuring } from './cpu.js';
@@ -20,6 +21,8 @@ export async function commitToAck(opts: {
   relay: Partial<Omit<RelayOptions, 'db' | 'publisher'>>;
   notify?: boolean;
   cpu: CpuSources;
+  /** The relay's Kafka client (default: CAIRN_KAFKA_CLIENT, else kafkajs). */
+  client?: KafkaClientName;
 }): Promise<{
   rate: number;
   achieved: number;
@@ -35,7 +38,10 @@ export async function commitToAck(opts: {
     {
       ...opts.relay,
       db: opts.db,
-      publisher: createKafkaPublisher({ brokers: opts.brokers }),
+      publisher: createKafkaPublisher({
+        brokers: opts.brokers,
+        ...(opts.client ? { client: opts.client } : {}),
+      }),
     },
     {
       afterPublish: (_b, ids) => {

@@ -1,5 +1,6 @@
 /**
- * The relay's two modes side by side in one run (`npm run bench -- relay --modes poll,wal`),
+ * The relay's two modes side by side in one run (`npm run bench -- relay --modes poll,wal
+ * [--clients kafkajs,platformatic]`: every mode with every client),
  * on one throw-away server with wal_level = logical (the machine's own may run `replica`),
  * a fresh database per mode, the same broker:
  *  - burst: N messages of 200 B committed as fast as one connection can (1,000 per
@@ -19,7 +20,7 @@ import { createRelay, type RelayOptions } from '../relay/relay.js';
 import { startPrimary } from '../scripts/failover/pgCluster.js';
 import { createDb } from '../src/db/database.js';
 import { migrateToLatest } from '../src/db/migrate.js';
-import { defaultKafkaClient } from '../src/kafka/clientChoice.js';
+import { defaultKafkaClient, type KafkaClientName, kafkaClientNames } from '../src/kafka/clientChoice.js';
 import { createTopicsAndWait } from '../src/kafka/ensureTopics.js';
 import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { commitToAck } from './commitToAck.js';
@@ -29,6 +30,16 @@ import type { BenchEnv } from './support.js';
 import { flag } from './support.js';
 
 type Mode = 'poll' | 'wal';
+
+interface ModeResult {
+  burst_msgs_per_s: number;
+  streamed: number;
+  p50_ms_at_1k: number;
+  p99_ms_at_1k: number;
+  p50_ms_at_5k: number;
+  p99_ms_at_5k: number;
+  cpu_by_phase: Record<string, CpuPerMsg>;
+}
 
 const minus = (a: CpuSpent, b: CpuSpent): CpuSpent => ({
   nodeS: a.nodeS - b.nodeS,
@@ -41,6 +52,12 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
   const i = args.indexOf('--modes');
   const modes = (i >= 0 ? (args[i + 1] ?? '') : 'poll,wal').split(',') as Mode[];
   for (const m of modes) if (m !== 'poll' && m !== 'wal') throw new Error(`--modes: ${m} is not poll or wal`);
+  const c = args.indexOf('--clients');
+  const clients = (c >= 0 ? (args[c + 1] ?? '') : defaultKafkaClient()).split(',') as KafkaClientName[];
+  for (const k of clients) {
+    if (!(kafkaClientNames as readonly string[]).includes(k))
+      throw new Error(`--clients: ${k} is not one of ${kafkaClientNames.join(', ')}`);
+  }
   const n = flag(args, 'messages', quick ? 20_000 : 100_000);
   const steadySeconds = flag(args, 'seconds', quick ? 5 : 15);
   const stack = await resolveStack((l) => console.error(`[cairn stack] ${l}`));
@@ -50,90 +67,118 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
   const admin = kafkaClient(brokers, 'bench-relay-modes').admin();
   await admin.connect();
   const topics: string[] = [];
-  const results: Record<string, unknown> = {};
+  const results: Record<string, ModeResult> = {};
   try {
-    for (const mode of modes) {
-      const name = `bench_${mode}`;
-      await server.query(`CREATE DATABASE ${name}`);
-      const url = server.url(name);
-      const db = createDb({ connectionString: url, max: 12 });
-      await migrateToLatest(db);
-      const env: BenchEnv = { stack, db, url, close: () => db.destroy() };
-      const cpuSrc = await cpuSources(env);
-      const topic = `bench.modes.${mode}.${Date.now()}`;
-      topics.push(topic);
-      await createTopicsAndWait(admin, [{ topic, numPartitions: 6 }]);
-      const relayOptions: Partial<RelayOptions> = {
-        batchSize: 2500,
-        leaseTtlMs: 10_000,
-        maxIdleMs: 5,
-        ...(mode === 'wal' ? { wal: { connectionString: url, slot: `bench_${mode}` } } : {}),
-      };
+    for (const client of clients)
+      for (const mode of modes) {
+        const combo = `${mode}/${client}`;
+        const name = `bench_${mode}_${client}`;
+        await server.query(`CREATE DATABASE ${name}`);
+        const url = server.url(name);
+        const db = createDb({ connectionString: url, max: 12 });
+        await migrateToLatest(db);
+        const env: BenchEnv = { stack, db, url, close: () => db.destroy() };
+        const cpuSrc = await cpuSources(env);
+        const topic = `bench.modes.${mode}.${client}.${Date.now()}`;
+        topics.push(topic);
+        await createTopicsAndWait(admin, [{ topic, numPartitions: 6 }]);
+        const relayOptions: Partial<RelayOptions> = {
+          batchSize: 2500,
+          leaseTtlMs: 10_000,
+          maxIdleMs: 5,
+          ...(mode === 'wal' ? { wal: { connectionString: url, slot: name } } : {}),
+        };
 
-      // The inserts alone, as the burst commits them, with no relay: what the burst's figure holds besides the relay.
-      const batches = Array.from({ length: Math.ceil(n / 1000) }, () => rows(1000, 1000, topic));
-      const insertOnly = await cpuDuring(cpuSrc, async () => {
-        for (const b of batches) await insertRows(db, b);
-      });
-      await db.deleteFrom('outbox').execute();
-      await sql`VACUUM outbox`.execute(db);
+        // The inserts alone, as the burst commits them, with no relay: what the burst's figure holds besides the relay.
+        const batches = Array.from({ length: Math.ceil(n / 1000) }, () => rows(1000, 1000, topic));
+        const insertOnly = await cpuDuring(cpuSrc, async () => {
+          for (const b of batches) await insertRows(db, b);
+        });
+        await db.deleteFrom('outbox').execute();
+        await sql`VACUUM outbox`.execute(db);
 
-      const relay = createRelay({ ...relayOptions, db, publisher: createKafkaPublisher({ brokers }) });
-      const running = relay.run();
-      const ready = () =>
-        relay.stats().lanesOwned === 32 &&
-        (mode === 'poll' || (relay.stats().wal?.streaming === true && relay.stats().wal?.heldLanes === 0));
-      while (!ready()) await new Promise((r) => setTimeout(r, 20));
-      const fresh = Array.from({ length: batches.length }, () => rows(1000, 1000, topic));
-      const burst = await cpuDuring(cpuSrc, async () => {
-        for (const b of fresh) await insertRows(db, b);
-        while (relay.stats().published < n) await new Promise((r) => setTimeout(r, 5));
-        while ((await outboxCount(db)) > 0) await new Promise((r) => setTimeout(r, 20));
-      });
-      const streamed = relay.stats().wal?.streamed ?? 0;
-      await relay.stop();
-      await running;
+        const relay = createRelay({
+          ...relayOptions,
+          db,
+          publisher: createKafkaPublisher({ brokers, client }),
+        });
+        const running = relay.run();
+        const ready = () =>
+          relay.stats().lanesOwned === 32 &&
+          (mode === 'poll' || (relay.stats().wal?.streaming === true && relay.stats().wal?.heldLanes === 0));
+        while (!ready()) await new Promise((r) => setTimeout(r, 20));
+        const fresh = Array.from({ length: batches.length }, () => rows(1000, 1000, topic));
+        const burst = await cpuDuring(cpuSrc, async () => {
+          for (const b of fresh) await insertRows(db, b);
+          while (relay.stats().published < n) await new Promise((r) => setTimeout(r, 5));
+          while ((await outboxCount(db)) > 0) await new Promise((r) => setTimeout(r, 20));
+        });
+        const streamed = relay.stats().wal?.streamed ?? 0;
+        await relay.stop();
+        await running;
 
-      const steady = (rate: number) =>
-        commitToAck({ db, brokers, topic, rate, seconds: steadySeconds, relay: relayOptions, cpu: cpuSrc });
-      const at1k = await steady(1000);
-      const at5k = await steady(5000);
-      await db.destroy();
+        const steady = (rate: number) =>
+          commitToAck({
+            db,
+            brokers,
+            topic,
+            rate,
+            seconds: steadySeconds,
+            relay: relayOptions,
+            cpu: cpuSrc,
+            client,
+          });
+        const at1k = await steady(1000);
+        const at5k = await steady(5000);
+        await db.destroy();
 
-      const cpu: Record<string, CpuPerMsg> = {
-        burst_inserts_and_relay: cpuPerMsg(burst.cpu, n),
-        inserts_alone: cpuPerMsg(insertOnly.cpu, n),
-        burst_relay_alone: cpuPerMsg(minus(burst.cpu, insertOnly.cpu), n),
-        steady_1k: cpuPerMsg(at1k.cpu, at1k.sent),
-        steady_5k: cpuPerMsg(at5k.cpu, at5k.sent),
-      };
-      console.log(`\n== ${mode === 'poll' ? 'polling' : 'WAL'} mode (${defaultKafkaClient()}), ${n} x 200 B`);
-      console.log(
-        `burst: ${(n / burst.seconds).toFixed(0)} msgs/s committed and published (inserts alone ${(n / insertOnly.seconds).toFixed(0)}/s)` +
-          (mode === 'wal' ? `; ${streamed} rows taken from the stream` : ''),
-      );
-      console.log(`  inserts + relay   ${cpuLine(cpu.burst_inserts_and_relay!)}`);
-      console.log(`  inserts alone     ${cpuLine(cpu.inserts_alone!)}`);
-      console.log(`  relay alone       ${cpuLine(cpu.burst_relay_alone!)}`);
-      for (const [s, c] of [
-        [at1k, cpu.steady_1k!],
-        [at5k, cpu.steady_5k!],
-      ] as const) {
+        const cpu: Record<string, CpuPerMsg> = {
+          burst_inserts_and_relay: cpuPerMsg(burst.cpu, n),
+          inserts_alone: cpuPerMsg(insertOnly.cpu, n),
+          burst_relay_alone: cpuPerMsg(minus(burst.cpu, insertOnly.cpu), n),
+          steady_1k: cpuPerMsg(at1k.cpu, at1k.sent),
+          steady_5k: cpuPerMsg(at5k.cpu, at5k.sent),
+        };
+        console.log(`\n== ${mode === 'poll' ? 'polling' : 'WAL'} mode, ${client}, ${n} x 200 B`);
         console.log(
-          `steady ${s.rate}/s (achieved ${s.achieved.toFixed(0)}/s): commit->ack p50 ${s.p50.toFixed(1)} ms, p99 ${s.p99.toFixed(1)} ms; ${cpuLine(c)}`,
+          `burst: ${(n / burst.seconds).toFixed(0)} msgs/s committed and published (inserts alone ${(n / insertOnly.seconds).toFixed(0)}/s)` +
+            (mode === 'wal' ? `; ${streamed} rows taken from the stream` : ''),
         );
+        console.log(`  inserts + relay   ${cpuLine(cpu.burst_inserts_and_relay!)}`);
+        console.log(`  inserts alone     ${cpuLine(cpu.inserts_alone!)}`);
+        console.log(`  relay alone       ${cpuLine(cpu.burst_relay_alone!)}`);
+        for (const [s, c] of [
+          [at1k, cpu.steady_1k!],
+          [at5k, cpu.steady_5k!],
+        ] as const) {
+          console.log(
+            `steady ${s.rate}/s (achieved ${s.achieved.toFixed(0)}/s): commit->ack p50 ${s.p50.toFixed(1)} ms, p99 ${s.p99.toFixed(1)} ms; ${cpuLine(c)}`,
+          );
+        }
+        results[combo] = {
+          burst_msgs_per_s: Math.round(n / burst.seconds),
+          streamed,
+          p50_ms_at_1k: Number(at1k.p50.toFixed(2)),
+          p99_ms_at_1k: Number(at1k.p99.toFixed(2)),
+          p50_ms_at_5k: Number(at5k.p50.toFixed(2)),
+          p99_ms_at_5k: Number(at5k.p99.toFixed(2)),
+          cpu_by_phase: cpu,
+        };
       }
-      results[mode] = {
-        burst_msgs_per_s: Math.round(n / burst.seconds),
-        streamed,
-        p50_ms_at_1k: Number(at1k.p50.toFixed(2)),
-        p99_ms_at_1k: Number(at1k.p99.toFixed(2)),
-        p50_ms_at_5k: Number(at5k.p50.toFixed(2)),
-        p99_ms_at_5k: Number(at5k.p99.toFixed(2)),
-        cpu_by_phase: cpu,
-      };
+    console.log(
+      '\nmode/client        relay alone CPU µs/msg (Node, Postgres, broker)  burst msgs/s  p50/p99 ms at 1k  at 5k',
+    );
+    for (const [combo, r] of Object.entries(results) as Array<[string, ModeResult]>) {
+      const a = r.cpu_by_phase.burst_relay_alone!;
+      const p = a.cpu_us_per_msg_by_process;
+      console.log(
+        `${combo.padEnd(18)} ${String(a.cpu_us_per_msg).padStart(6)} (${p.node}, ${p.postgres}, ${p.broker})`.padEnd(
+          66,
+        ) +
+          `${String(r.burst_msgs_per_s).padStart(8)}  ${r.p50_ms_at_1k}/${r.p99_ms_at_1k}  ${r.p50_ms_at_5k}/${r.p99_ms_at_5k}`,
+      );
     }
-    return { bench: 'relay', modes: results, kafka_client: defaultKafkaClient(), messages: n };
+    return { bench: 'relay', modes: results, messages: n };
   } finally {
     await admin.deleteTopics({ topics }).catch(() => {});
     await admin.disconnect();
