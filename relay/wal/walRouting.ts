@@ -33,6 +33,14 @@ export interface WalRouting {
   parked(keys: Iterable<string>): void;
   /** Splits taken rows: those to publish now, in order; the others stay in the table for the sweep. */
   route(rows: readonly StreamRow[]): StreamRow[];
+  /**
+   * Transactions whose rows the stream left to the table since the last complete sweep. The
+   * walsender may send a commit before the committing backend has left the proc array: for a
+   * moment the row is not yet visible to a new snapshot. A sweep that ran then would miss it
+   * and release its key while the row still waits; the relay sweeps only once these are
+   * visible (relay/wal/walVisibility.ts).
+   */
+  tableXids(): number[];
   /** Whether the next step is a sweep of the table (a held lane, or the periodic one). */
   sweepDue(now: number): boolean;
   /**
@@ -58,6 +66,7 @@ export function createWalRouting(o: { sweepEveryMs: number }): WalRouting {
   let throughTableUpTo = UNBOUNDED; // until the stream starts, nothing is published from it
   let maxStreamedId = 0;
   let lastSweep = 0;
+  const xids = new Set<number>();
 
   return {
     lanesOwned(next) {
@@ -79,15 +88,23 @@ export function createWalRouting(o: { sweepEveryMs: number }): WalRouting {
       const out: StreamRow[] = [];
       for (const r of rows) {
         if (r.id > maxStreamedId) maxStreamedId = r.id;
-        if (!owned.has(r.lane) || heldLanes.has(r.lane)) continue; // its owner, or the sweep, reads it from the table
+        if (!owned.has(r.lane)) continue; // its owner reads it from the table
+        if (heldLanes.has(r.lane)) {
+          xids.add(r.xid); // the sweep reads it from the table
+          continue;
+        }
         const k = streamKeyOf(r);
         if (r.id <= throughTableUpTo || heldKeys.has(k)) {
           heldKeys.add(k);
+          xids.add(r.xid);
           continue;
         }
         out.push(r);
       }
       return out;
+    },
+    tableXids() {
+      return [...xids];
     },
     sweepDue(now) {
       for (const lane of heldLanes) if (owned.has(lane)) return true;
@@ -105,6 +122,7 @@ export function createWalRouting(o: { sweepEveryMs: number }): WalRouting {
       if (full) return;
       lastSweep = now;
       heldLanes.clear();
+      xids.clear();
       for (const k of heldKeys) if (!parkedBefore.has(k)) heldKeys.delete(k);
     },
     held: { lanes: heldLanes, keys: heldKeys },

@@ -8,6 +8,8 @@ import type { ClaimedRow } from '../sql/claimBatch.js';
  */
 export interface StreamRow extends ClaimedRow {
   endLsn?: bigint;
+  /** The transaction (32-bit xid) that wrote it: the sweep waits until it is visible (relay/wal/walRouting.ts). */
+  xid: number;
 }
 
 /** Postgres' epoch (2000-01-01) in Unix milliseconds: timestamptz is microseconds since it. */

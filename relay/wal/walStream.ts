@@ -67,6 +67,7 @@ export async function startWalStream(o: {
   let ready: StreamRow[] = [];
   let head = 0;
   let open: StreamRow[] | undefined;
+  let openXid = 0;
   let lastCommitEnd = 0n;
   let keepalive = 0n;
   let confirmed = 0n;
@@ -94,9 +95,12 @@ export async function startWalStream(o: {
     switch (m.tag) {
       case 'begin':
         open = [];
+        openXid = m.xid;
         break;
       case 'insert':
-        if (open && m.relation.name === 'outbox' && m.relation.schema === o.schema) open.push(outboxRowOf(m));
+        if (open && m.relation.name === 'outbox' && m.relation.schema === o.schema) {
+          open.push({ ...outboxRowOf(m), xid: openXid });
+        }
         break;
       case 'commit': {
         const end = lsnOf(m.commitEndLsn) ?? 0n;
