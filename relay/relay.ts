@@ -11,11 +11,11 @@ import { parseOptions } from '../src/options.js';
 import { LANE_COUNT } from '../src/outbox/lanes.js';
 import { OUTBOX_CHANNEL } from '../src/outbox/outbox.js';
 import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
+import { createDeletePipeline } from './deletePipeline.js';
 import { RelayOptionsSchema } from './options.js';
 import { isolatePoison, type PublishContext, publishWithRetry, toMessages } from './publishBatch.js';
 import type { RelayObservation } from './publishSpan.js';
 import { type Claim, type ClaimedRow, claimBatch } from './sql/claimBatch.js';
-import { deleteFenced } from './sql/deleteFenced.js';
 import {
   acquireLanes,
   forgetInstance,
@@ -27,11 +27,7 @@ import {
   synchronousReplication,
 } from './sql/laneLeases.js';
 import type { Relay, RelayOptions, RelayStats, RelayTestHooks } from './types.js';
-import { createWalRouting, streamKeyOf } from './wal/walRouting.js';
-import { lsnText } from './wal/walRows.js';
-import { checkName, DEFAULT_PUBLICATION, DEFAULT_SLOT, prepareWal } from './wal/walSetup.js';
-import { startWalStream, type WalStream } from './wal/walStream.js';
-import { allVisible } from './wal/walVisibility.js';
+import { createWalMode } from './wal/walMode.js';
 
 export type { Relay, RelayOptions, RelayStats } from './types.js';
 
@@ -77,13 +73,6 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   const ttlMs = options.leaseTtlMs ?? 10_000;
   const maxIdleMs = options.maxIdleMs ?? 200;
   const renewEveryMs = Math.max(100, Math.floor(ttlMs / 3));
-  const wal = options.wal && {
-    connectionString: options.wal.connectionString,
-    slot: checkName('wal.slot', options.wal.slot ?? DEFAULT_SLOT),
-    publication: checkName('wal.publication', options.wal.publication ?? DEFAULT_PUBLICATION),
-  };
-  // The WAL mode: which streamed rows may be published now, which go through the table (wal/walRouting.ts).
-  const routing = options.wal && createWalRouting({ sweepEveryMs: options.wal.sweepEveryMs ?? 1000 });
   const stats: RelayStats = {
     published: 0,
     batches: 0,
@@ -145,73 +134,17 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   // (bench/relay.ts, 1,000-message batches): the sequential claim/publish/delete loop drained
   // 18.5k msgs/s; see the README for the pipelined figure.
   let prefetch: Promise<Claim> | undefined;
-  let deleting: Promise<void> | undefined;
-  let deletingRows: Array<{ id: number; lane: number }> = [];
-
-  // The WAL mode: published rows the delete did not find yet, tried again with the next delete
-  // (and kept out of claims meanwhile). The walsender can hand over a commit a moment before it
-  // is visible to other snapshots; deleting then finds nothing, and the sweep would send the
-  // row a second time (measured: 9 of 1,100 rows at 1,000 msgs/s on a busy 2-core machine).
-  let retryDeletes: Array<{ id: number; lane: number }> = [];
-  const deleteAttempts = new Map<number, number>();
-
-  async function finishDelete(): Promise<void> {
-    const d = deleting;
-    deleting = undefined;
-    if (d) await timed('delete', d);
-    deletingRows = [...retryDeletes];
-  }
-
-  /** Rows the delete missed that are worth another try; how many are given up on. */
-  function retryLater(
-    tried: ReadonlyArray<{ id: number; lane: number }>,
-    deleted: readonly number[],
-    fences: Map<number, number>,
-  ): number {
-    const gone = new Set(deleted);
-    let givenUp = 0;
-    for (const r of tried) {
-      if (gone.has(r.id)) {
-        deleteAttempts.delete(r.id);
-        continue;
-      }
-      const attempts = (deleteAttempts.get(r.id) ?? 0) + 1;
-      if (attempts < 3 && fences.has(r.lane)) {
-        deleteAttempts.set(r.id, attempts);
-        retryDeletes.push(r);
-      } else {
-        deleteAttempts.delete(r.id);
-        givenUp++;
-      }
-    }
-    return givenUp;
-  }
-
-  function startDelete(sent: ReadonlyArray<{ id: number; lane: number }>, fences: Map<number, number>): void {
-    const tried = routing ? [...sent, ...retryDeletes] : [...sent];
-    retryDeletes = [];
-    deletingRows = tried;
-    const ids = tried.map((r) => r.id);
-    deleting = deleteFenced(db, { instanceId, ids, fences }).then(async (deleted) => {
-      if (deleted.length === ids.length) {
-        for (const id of deleted) deleteAttempts.delete(id);
-        return;
-      }
-      const lost = routing ? retryLater(tried, deleted, fences) : ids.length - deleted.length;
-      if (lost > 0) {
-        // We lost a lane between claim and delete: the new owner republishes those rows (same message_id).
-        stats.lostLaneDeletes += lost;
-        log.warn(
-          { published: ids.length, deleted: deleted.length },
-          'lost a lane during a batch; rebalancing',
-        );
-        owned = await renewLanes(db, instanceId, ttlMs);
-      }
-    });
-    // Awaited by finishDelete (which rethrows); meanwhile a failure must not be an unhandled
-    // rejection, which ends the process while the loop waits on the broker.
-    deleting.catch(() => {});
-  }
+  const deletes = createDeletePipeline({
+    db,
+    instanceId,
+    log,
+    stats,
+    retryMissed: options.wal !== undefined,
+    timed: (p) => timed('delete', p),
+    async onLostLane() {
+      owned = await renewLanes(db, instanceId, ttlMs);
+    },
+  });
 
   const vacuumEvery = options.vacuumEveryDeletes ?? 50_000;
   let deletedSinceVacuum = 0;
@@ -238,7 +171,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       limit: batchSize,
       maxBytes: maxBatchBytes,
       exclude,
-      ...(routing ? { maxIds: routing.sweepBounds(lanes) } : {}),
+      ...(walMode ? { maxIds: walMode.sweepBounds(lanes) } : {}),
     });
   };
 
@@ -251,7 +184,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       const c = await timed('claim', p);
       return { rows: c.rows.filter((r) => owned.has(r.lane)), full: c.full };
     }
-    return timed('claim', claim(deletingRows));
+    return timed('claim', claim(deletes.inFlight));
   }
 
   /** Publishes one batch: its size, and whether a limit cut it (more may be waiting: no sleep). */
@@ -260,12 +193,12 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     if (rows.length === 0) {
       // Nothing (left) to publish: nothing waits for the broker either.
       if (stats.waitingFor === 'kafka') stats.waitingFor = null;
-      await finishDelete();
+      await deletes.finish();
       return { n: 0, full: false };
     }
     // (Not in the WAL mode: its sweep must know that a claim covered the lanes held at the time.)
-    if (full && !routing) {
-      prefetch = claim([...deletingRows, ...rows.map((r) => ({ id: r.id, lane: r.lane }))]);
+    if (full && !walMode) {
+      prefetch = claim([...deletes.inFlight, ...rows.map((r) => ({ id: r.id, lane: r.lane }))]);
       prefetch.catch(() => {}); // awaited (or dropped) later; never an unhandled rejection
     }
     await publishRows(rows);
@@ -297,9 +230,9 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       stats.batches + 1,
       rows.map((r) => r.message_id),
     );
-    await finishDelete();
+    await deletes.finish();
     const sentSet = new Set(sentIds);
-    startDelete(
+    deletes.start(
       rows.filter((r) => sentSet.has(r.id)).map((r) => ({ id: r.id, lane: r.lane })),
       new Map(owned),
     );
@@ -312,89 +245,20 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     }
   }
 
-  // The WAL mode: rows come from the slot while it streams; the table is swept for what the
-  // stream leaves to it (held lanes and keys, see wal/walRouting.ts) and read alone while the
-  // stream is down or another relay streams the slot.
-  let stream: WalStream | undefined;
-  let walSchema = 'public';
-  let streamRetryAt = 0;
-  let streamed = 0;
-
-  async function parkedKeys(): Promise<Set<string>> {
-    const { rows } = await sql<{ tenant: string; topic: string; key: string }>`
-      SELECT tenant, topic, key FROM outbox_parked_key`.execute(db);
-    return new Set(rows.map((r) => streamKeyOf({ tenant_id: r.tenant, topic: r.topic, key: r.key })));
-  }
-
-  async function ensureStream(w: NonNullable<typeof wal>, r: NonNullable<typeof routing>): Promise<void> {
-    if (stream && !stream.broken) return;
-    if (stream) {
-      await stream.stop();
-      stream = undefined;
-      r.holdAll();
-    }
-    if (Date.now() < streamRetryAt) return;
-    streamRetryAt = Date.now() + 2000;
-    try {
-      const s = await startWalStream({ ...w, schema: walSchema, log });
-      // Any id given out before now may be a row the stream delivers again (published, or
-      // skipped by an operator, before a crash): those go through the table.
-      const { rows } = await sql<{
-        last: string;
-      }>`SELECT (CASE WHEN is_called THEN last_value ELSE last_value - 1 END)::text AS last FROM outbox_id_seq`.execute(
-        db,
-      );
-      r.streamStarted(Number(rows[0]!.last));
-      stream = s;
-      log.info({ slot: w.slot }, 'streaming the outbox from the WAL');
-    } catch (err) {
-      const code = (err as { code?: string }).code;
-      // No REPLICATION right, or pg_hba refuses replication: the mode cannot work as configured.
-      if (code === '42501' || code === '28000' || code === '28P01') {
-        throw new ConfigurationError(`WAL relay: ${(err as Error).message}`, err);
-      }
-      log.warn(
-        { err: (err as Error).message, slot: w.slot },
-        'cannot stream the slot now (another relay streams it?); reading the outbox table meanwhile',
-      );
-    }
-  }
-
-  /** One step of the WAL mode: a sweep of the table when one is due, else the next streamed rows. */
-  async function walStep(w: NonNullable<typeof wal>, r: NonNullable<typeof routing>) {
-    await ensureStream(w, r);
-    r.lanesOwned(owned);
-    if (!stream) r.holdAll();
-    const parkedSoFar = stats.parked;
-    let step: { n: number; full: boolean };
-    if (r.sweepDue(Date.now())) {
-      // A row the stream left to the table may not be visible yet: sweep once it is (walVisibility.ts).
-      if (!(await allVisible(db, r.tableXids()))) return { n: 0, full: false };
-      const parkedBefore = await parkedKeys();
-      r.parked(parkedBefore);
-      step = await processBatch();
-      r.swept({ full: step.full, parkedBefore, now: Date.now() });
-    } else {
-      const rows = stream!.take(batchSize, maxBatchBytes);
-      if (rows.length === 0) {
-        await finishDelete();
-        if (retryDeletes.length > 0) startDelete([], new Map(owned));
-        stream!.confirmIdle();
-        return { n: 0, full: false };
-      }
-      streamed += rows.length;
-      let end: bigint | undefined;
-      for (const row of rows) if (row.endLsn !== undefined) end = row.endLsn;
-      const publish = r.route(rows);
-      if (publish.length > 0) await publishRows(publish);
-      // Every row taken is now acknowledged or in the table: the slot may drop them.
-      if (end !== undefined) stream!.confirm(end);
-      step = { n: rows.length, full: rows.length >= batchSize };
-    }
-    // A key parked during the step: held until an operator releases it and a sweep drains it.
-    if (stats.parked !== parkedSoFar) r.parked(await parkedKeys());
-    return step;
-  }
+  const walMode =
+    options.wal &&
+    createWalMode({
+      db,
+      log,
+      options: options.wal,
+      batchSize,
+      maxBatchBytes,
+      stats,
+      owned: () => owned,
+      sweep: processBatch,
+      publish: publishRows,
+      deletes,
+    });
 
   // A notification that arrives while a batch runs is remembered, so the next sleep is skipped.
   let woken = false;
@@ -457,7 +321,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       if (!(mapped instanceof ConfigurationError)) throw mapped;
       throw new ConfigurationError(`${database.address}: ${mapped.message}`, err);
     });
-    if (wal) walSchema = await prepareWal(db, wal);
+    await walMode?.prepare();
     if (options.wakeOnNotify) {
       await listen(options.wakeOnNotify).catch((err: Error) =>
         log.warn({ err: err.message }, 'LISTEN failed; polling only'),
@@ -486,11 +350,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
           // Without lanes nothing waits for the broker here: say so (the metric would alert forever).
           if (owned.size === 0 && stats.waitingFor === 'kafka') stats.waitingFor = null;
           const { n, full } =
-            owned.size === 0
-              ? { n: 0, full: false }
-              : wal && routing
-                ? await walStep(wal, routing)
-                : await processBatch();
+            owned.size === 0 ? { n: 0, full: false } : walMode ? await walMode.step() : await processBatch();
           if (full) {
             idle = 1;
             stats.idleMs = 1;
@@ -499,13 +359,12 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
           // Never sleep past a lane renewal: the leases would expire under a sleeping relay.
           idle = n > 0 ? 1 : Math.min(maxIdleMs, renewEveryMs, idle * 2);
           stats.idleMs = idle;
-          if (stream && n === 0) await stream.wait(idle);
-          else await sleep(n > 0 ? 0 : idle);
+          await ((n === 0 && walMode?.wait(idle)) || sleep(n > 0 ? 0 : idle));
         } catch (err) {
-          if (routing && err instanceof ConfigurationError) throw err; // the WAL mode as configured cannot work
+          if (walMode && err instanceof ConfigurationError) throw err; // the WAL mode as configured cannot work
           prefetch = undefined;
-          routing?.holdAll(); // what was taken from the stream is in the table: the sweep sends it
-          await finishDelete().catch(() => {});
+          walMode?.holdAll(); // what was taken from the stream is in the table: the sweep sends it
+          await deletes.finish().catch(() => {});
           log.error({ err: (err as Error).message }, 'relay iteration failed; retrying');
           await sleep(Math.min(1000, maxIdleMs * 2));
           if (err instanceof PublishFailed) {
@@ -522,9 +381,8 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
         }
       }
     } finally {
-      await finishDelete().catch(() => {});
-      await stream?.stop().catch(() => {});
-      stream = undefined;
+      await deletes.finish().catch(() => {});
+      await walMode?.stop();
       await listener?.end().catch(() => {});
       await releaseLanes(db, instanceId, [...owned.keys()]).catch(() => {});
       await forgetInstance(db, instanceId, ttlMs).catch(() => {});
@@ -549,16 +407,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     stats: () => ({
       ...stats,
       waitMs: { ...stats.waitMs },
-      ...(routing && {
-        wal: {
-          slot: wal!.slot,
-          streaming: stream !== undefined && !stream.broken,
-          streamed,
-          confirmedLsn: stream && stream.confirmed > 0n ? lsnText(stream.confirmed) : null,
-          heldLanes: routing.held.lanes.size,
-          heldKeys: routing.held.keys.size,
-        },
-      }),
+      ...(walMode && { wal: walMode.stats() }),
     }),
   };
   return withObservations(relay, publishing.observed);
