@@ -16,13 +16,32 @@ const POISON_TYPES = new Set([
   'INVALID_REQUIRED_ACKS',
 ]);
 
+/**
+ * The same answers as Kafka protocol error codes, which is how librdkafka
+ * (@confluentinc/kafka-javascript) reports them; it also refuses a message over
+ * message.max.bytes itself, before sending, with the broker's code (10).
+ */
+const POISON_CODES = new Set([10, 18, 87, 2, 17, 29, 44, 21]);
+
+/**
+ * A librdkafka error: a numeric `code` (a Kafka protocol code, or a negative local one) that
+ * its `errno` repeats, and an `origin`. Other errors with a numeric code (kafkajs's protocol
+ * errors) are told apart by `type` already.
+ */
+function librdkafkaCode(e: object): number | undefined {
+  const { code, errno, origin } = e as { code?: unknown; errno?: unknown; origin?: unknown };
+  return typeof code === 'number' && errno === code && typeof origin === 'string' ? code : undefined;
+}
+
 export function isPoisonError(err: unknown): boolean {
   return someInChain(err, (e) => {
     // kafkajs names a broker error `type`; @platformatic/kafka names it `apiId`.
     const { type, apiId } = e as { type?: unknown; apiId?: unknown };
+    const code = librdkafkaCode(e);
     return (
       (typeof type === 'string' && POISON_TYPES.has(type)) ||
-      (typeof apiId === 'string' && POISON_TYPES.has(apiId))
+      (typeof apiId === 'string' && POISON_TYPES.has(apiId)) ||
+      (code !== undefined && POISON_CODES.has(code))
     );
   });
 }
@@ -54,10 +73,15 @@ function someInChain(err: unknown, test: (e: object) => boolean): boolean {
 export function isKafkaConfigurationError(err: unknown): boolean {
   return someInChain(err, (e) => {
     const { name, code } = e as { name?: unknown; code?: unknown };
+    const rdCode = librdkafkaCode(e);
     return (
       name === 'KafkaJSSASLAuthenticationError' ||
       code === 'PLT_KFK_AUTHENTICATION' ||
-      code === 'ERR_SOCKET_BAD_PORT'
+      code === 'ERR_SOCKET_BAD_PORT' ||
+      // librdkafka: authentication failed (local -169, broker 58), a setting it refuses (-186)
+      rdCode === -169 ||
+      rdCode === 58 ||
+      rdCode === -186
     );
   });
 }

@@ -1,7 +1,10 @@
 import { ConfigurationError } from '../errors.js';
 
-/** The Kafka clients behind Publisher and Subscriber. */
-export const kafkaClientNames = ['kafkajs', 'platformatic'] as const;
+/**
+ * The Kafka clients behind Publisher and Subscriber. `confluent` is
+ * @confluentinc/kafka-javascript, an optional peer dependency the application installs.
+ */
+export const kafkaClientNames = ['kafkajs', 'platformatic', 'confluent'] as const;
 export type KafkaClientName = (typeof kafkaClientNames)[number];
 
 /**

@@ -4,6 +4,7 @@ import { CairnError, CairnErrorCodes } from '../errors.js';
 import { opt, optionsSchema, parseOptions } from '../options.js';
 import { recordingPartitioner, type SentPartition, unacknowledgedPartitions } from './acknowledgements.js';
 import { defaultKafkaClient, type KafkaClientName, kafkaClientNames } from './clientChoice.js';
+import { createConfluentPublisher } from './confluentPublisher.js';
 import { createPlatformaticPublisher } from './platformaticPublisher.js';
 
 /** One message to publish: topic, key, bytes and headers. */
@@ -72,7 +73,16 @@ const KafkaPublisherOptionsSchema = optionsSchema<KafkaPublisherOptions>()(
  */
 export function createKafkaPublisher(options: KafkaPublisherOptions): Publisher {
   const opts = parseOptions('Kafka publisher options', KafkaPublisherOptionsSchema, options);
-  if ((opts.client ?? defaultKafkaClient()) === 'platformatic') {
+  const client = opts.client ?? defaultKafkaClient();
+  if (client === 'confluent') {
+    // The module is imported at connect(): without it, a ConfigurationError says how to install it.
+    return createConfluentPublisher({
+      brokers: opts.brokers,
+      clientId: opts.clientId ?? 'cairn-relay',
+      ...(opts.compression ? { compression: true } : {}),
+    });
+  }
+  if (client === 'platformatic') {
     return createPlatformaticPublisher({
       brokers: opts.brokers,
       clientId: opts.clientId ?? 'cairn-relay',

@@ -5,6 +5,7 @@ import { opt, optionsSchema, parseOptions } from '../options.js';
 import { untilReachable } from '../startup/untilReachable.js';
 import { isKafkaConfigurationError } from './classifyError.js';
 import { defaultKafkaClient, type KafkaClientName, kafkaClientNames } from './clientChoice.js';
+import { createConfluentSubscriber } from './confluentSubscriber.js';
 import { type CreateTopicsOptions, ensureTopics } from './ensureTopics.js';
 import { createPlatformaticSubscriber } from './platformaticSubscriber.js';
 import { kafkaClient } from './publisher.js';
@@ -133,7 +134,22 @@ export function createKafkaSubscriber(options: KafkaSubscriberOptions): Subscrib
     }
   }
 
-  if ((opts.client ?? defaultKafkaClient()) === 'platformatic') {
+  const client = opts.client ?? defaultKafkaClient();
+  if (client === 'confluent') {
+    // As for platformatic, the topic check goes through a kafkajs admin. The module is
+    // imported at run(): without it, a ConfigurationError says how to install it.
+    return createConfluentSubscriber({
+      brokers: opts.brokers,
+      groupId: opts.groupId,
+      topics: opts.topics,
+      clientId: opts.clientId ?? `cairn-inbox-${opts.groupId}`,
+      fromBeginning: opts.fromBeginning ?? true,
+      sessionTimeoutMs: opts.sessionTimeoutMs ?? 10_000,
+      probe,
+      log,
+    });
+  }
+  if (client === 'platformatic') {
     // The topic check still goes through a kafkajs admin (moving admin use behind the seam is
     // the next step); consuming and committing are the other client's.
     return createPlatformaticSubscriber({
