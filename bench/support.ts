@@ -3,6 +3,7 @@ import { resolveStack, type Stack } from '../cli/stack/resolve.js';
 import { createScratchDatabase } from '../scripts/lib/scratchDatabase.js';
 import { createDb, type Db } from '../src/db/database.js';
 import { migrateToLatest } from '../src/db/migrate.js';
+import { defaultKafkaClient, type KafkaClientName, kafkaClientNames } from '../src/kafka/clientChoice.js';
 
 export interface BenchEnv {
   stack: Stack;
@@ -57,4 +58,22 @@ export async function throughput(
 export function flag(args: string[], name: string, fallback: number): number {
   const i = args.indexOf(`--${name}`);
   return i >= 0 && args[i + 1] ? Number(args[i + 1]) : fallback;
+}
+
+/**
+ * The Kafka clients a bench runs the relay or inbox on, side by side in one run:
+ * `--clients kafkajs,platformatic,confluent`; without it the one CAIRN_KAFKA_CLIENT names.
+ */
+export function clientsFlag(args: string[]): KafkaClientName[] {
+  const i = args.indexOf('--clients');
+  if (i < 0 || !args[i + 1]) return [defaultKafkaClient()];
+  const names = args[i + 1]!.split(',').map((s) => s.trim());
+  for (const n of names) {
+    if (!(kafkaClientNames as readonly string[]).includes(n)) {
+      throw new Error(
+        `--clients names "${n}", which is not a Kafka client Cairn has: use ${kafkaClientNames.join(', ')}`,
+      );
+    }
+  }
+  return names as KafkaClientName[];
 }
