@@ -32,6 +32,7 @@ export interface RdKafkaProducer {
     opaque: unknown,
     headers: Array<Record<string, string>>,
   ): void;
+  flush(timeoutMs: number, cb: (err: RdKafkaError | null) => void): void;
   disconnect(timeoutMs: number, cb: (err: RdKafkaError | null) => void): void;
 }
 

@@ -7,6 +7,9 @@ import {
 } from './confluentModule.js';
 import type { Publisher, PublishMessage } from './publisher.js';
 
+/** How long a message may wait for the broker, retries included, before its send fails. */
+const MESSAGE_TIMEOUT_MS = 15_000;
+
 /** One publish(): settled once every message of it has its delivery report. */
 interface PendingSend {
   waiting: number;
@@ -67,7 +70,7 @@ export function createConfluentPublisher(opts: {
       dr_cb: true,
       // How long a message may wait for the broker, retries included: past it the send fails
       // and the relay retries the batch (kafkajs gives up after 3 retries and a 15 s request).
-      'message.timeout.ms': 15_000,
+      'message.timeout.ms': MESSAGE_TIMEOUT_MS,
       'socket.connection.setup.timeout.ms': 3000,
       ...(opts.compression ? { 'compression.codec': 'gzip' } : {}),
       log_level: 0,
@@ -133,7 +136,17 @@ export function createConfluentPublisher(opts: {
           break;
         }
       }
-      if (send.waiting > 0) await done;
+      if (send.waiting > 0) {
+        // The batch is complete: send it now rather than after linger.ms (librdkafka's flush
+        // ignores linger). Measured with the relay bench (20,000 messages, --quick sizes): commit
+        // to ack at 1,000/s p50 4.6 ms, p99 16.5 ms against 13.7 and 33.3 ms without it, and 21
+        // against 28 µs of Node CPU a message draining; linger.ms 0 instead split each batch
+        // into small requests (drain 26 µs of Node, 4.5 of broker against 2). flush() holds a
+        // libuv pool thread until everything queued is reported; the delivery reports, not its
+        // outcome, settle the send.
+        p.flush(MESSAGE_TIMEOUT_MS + 5000, () => {});
+        await done;
+      }
       const failure = refused ?? send.firstError;
       if (failure) throw failure;
       const { delivered } = send;
