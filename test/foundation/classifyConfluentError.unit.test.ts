@@ -2,9 +2,10 @@ import { createRequire } from 'node:module';
 import { describe, expect, it } from 'vitest';
 import { ConfigurationError } from '../../src/errors.js';
 import { isKafkaConfigurationError, isPoisonError } from '../../src/kafka/classifyError.js';
-import { confluentInstalled, loadConfluent } from '../../src/kafka/confluentModule.js';
+import { loadConfluent } from '../../src/kafka/confluentModule.js';
+import { confluentForTests } from '../support/confluent.js';
 
-const installed = await confluentInstalled();
+const installed = await confluentForTests('classifyConfluentError.unit.test.ts');
 
 describe('the confluent client without its module', () => {
   it('is a ConfigurationError that says how to install it', async () => {

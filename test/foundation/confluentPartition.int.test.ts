@@ -1,12 +1,12 @@
 import { randomBytes } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
-import { confluentInstalled } from '../../src/kafka/confluentModule.js';
 import { keyPartition } from '../../src/kafka/keyPartition.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
+import { confluentForTests } from '../support/confluent.js';
 import { createTestTopic, kafkaBrokers } from '../support/testDatabase.js';
 import { readTopic } from '../support/topicReader.js';
 
-const installed = await confluentInstalled();
+const installed = await confluentForTests('confluentPartition.int.test.ts');
 
 // librdkafka chooses the partition itself (no JS partitioner): this checks its murmur2_random
 // against ./keyPartition.ts (kafkajs's and the Java client's choice) through a real broker.
