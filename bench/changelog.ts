@@ -7,7 +7,7 @@
  */
 
 import { createRelayWithTestHooks } from '../relay/relay.js';
-import { createTopicsAndWait } from '../src/kafka/ensureTopics.js';
+import { createTopicsAndWait } from '../src/kafka/kafkajsAdmin.js';
 import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { changelogTopicConfig } from '../src/state/changelog.js';
 import { createTaskStore } from '../src/state/taskStore.js';

@@ -12,7 +12,7 @@ import { sql } from 'kysely';
 import { v7 as uuidv7 } from 'uuid';
 import { createInboxConsumer } from '../consumers/inboxConsumer.js';
 import type { KafkaClientName } from '../src/kafka/clientChoice.js';
-import { createTopicsAndWait } from '../src/kafka/ensureTopics.js';
+import { createTopicsAndWait } from '../src/kafka/kafkajsAdmin.js';
 import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../src/kafka/subscriber.js';
 import { type CpuPerMsg, cpuDuring, cpuLine, cpuPerMsg, cpuSources } from './cpu.js';

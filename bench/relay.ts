@@ -13,7 +13,7 @@ import { Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
 import { createRelay } from '../relay/relay.js';
 import type { KafkaClientName } from '../src/kafka/clientChoice.js';
-import { createTopicsAndWait } from '../src/kafka/ensureTopics.js';
+import { createTopicsAndWait } from '../src/kafka/kafkajsAdmin.js';
 import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { commitToAck } from './commitToAck.js';
 import { type CpuPerMsg, cpuDuring, cpuLine, cpuPerMsg, cpuSources } from './cpu.js';

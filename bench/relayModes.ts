@@ -21,7 +21,7 @@ import { startPrimary } from '../scripts/failover/pgCluster.js';
 import { createDb } from '../src/db/database.js';
 import { migrateToLatest } from '../src/db/migrate.js';
 import { defaultKafkaClient, type KafkaClientName, kafkaClientNames } from '../src/kafka/clientChoice.js';
-import { createTopicsAndWait } from '../src/kafka/ensureTopics.js';
+import { createTopicsAndWait } from '../src/kafka/kafkajsAdmin.js';
 import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { commitToAck } from './commitToAck.js';
 import { type CpuPerMsg, type CpuSpent, cpuDuring, cpuLine, cpuPerMsg, cpuSources } from './cpu.js';

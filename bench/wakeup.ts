@@ -5,7 +5,7 @@
  * also reports CPU µs per message (per commit) of Node, the database's backends and the broker.
  */
 import { sql } from 'kysely';
-import { createTopicsAndWait } from '../src/kafka/ensureTopics.js';
+import { createTopicsAndWait } from '../src/kafka/kafkajsAdmin.js';
 import { kafkaClient } from '../src/kafka/publisher.js';
 import { OUTBOX_CHANNEL } from '../src/outbox/outbox.js';
 import { commitToAck } from './commitToAck.js';

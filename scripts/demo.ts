@@ -17,7 +17,7 @@ import { stackDir } from '../cli/stack/paths.js';
 import { resolveStack } from '../cli/stack/resolve.js';
 import { createDb } from '../src/db/database.js';
 import { migrateToLatest } from '../src/db/migrate.js';
-import { createTopicsAndWait } from '../src/kafka/ensureTopics.js';
+import { createTopicsAndWait } from '../src/kafka/kafkajsAdmin.js';
 import { kafkaClient } from '../src/kafka/publisher.js';
 import { createTaskStore } from '../src/state/taskStore.js';
 import { createDemoTask, demoTaskId } from './demo/tasks.js';

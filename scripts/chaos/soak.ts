@@ -3,7 +3,7 @@ import { sql } from 'kysely';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { createDb, type Db } from '../../src/db/database.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
-import { createTopicsAndWait } from '../../src/kafka/ensureTopics.js';
+import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { createDemoTask } from '../demo/tasks.js';

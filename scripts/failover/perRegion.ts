@@ -14,7 +14,7 @@
  * topics; the local topics start from their beginning. The inbox drops what is re-delivered.
  */
 import type { Kafka } from 'kafkajs';
-import { createTopicsAndWait } from '../../src/kafka/ensureTopics.js';
+import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import type { FailoverReport } from '../../src/recovery/failover.js';
 import { readTopicsToEnd } from '../../src/recovery/failover.js';
 import type { Check } from '../demo/verify.js';

@@ -5,7 +5,7 @@ import { sql } from 'kysely';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { createDb, type Db } from '../../src/db/database.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
-import { createTopicsAndWait } from '../../src/kafka/ensureTopics.js';
+import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';

@@ -99,3 +99,29 @@ export async function connectOrUnavailable(client: { connect(): Promise<void> },
     throw new UnavailableError(`the broker did not answer ${job}: ${(err as Error).message}`, err);
   }
 }
+
+/**
+ * An error that may go away when asked again (a leader election under way, a coordinator
+ * loading, a timeout). kafkajs says so in `retriable`; @platformatic/kafka sets `canRetry` on
+ * the protocol errors of its chain, and retries only when none says false.
+ */
+export function isRetriableKafkaError(err: unknown): boolean {
+  if ((err as { retriable?: unknown } | null)?.retriable === true) return true;
+  return (
+    someInChain(err, (e) => {
+      const { canRetry, code } = e as { canRetry?: unknown; code?: unknown };
+      return canRetry === true || code === 'PLT_KFK_NETWORK' || code === 'PLT_KFK_TIMEOUT';
+    }) && !someInChain(err, (e) => (e as { canRetry?: unknown }).canRetry === false)
+  );
+}
+
+/**
+ * A request the broker refused for good (an invalid replication factor, a policy, an ACL):
+ * kafkajs marks each error of it not retriable; @platformatic/kafka marks one `canRetry: false`.
+ */
+export function isRefusedKafkaError(err: unknown): boolean {
+  const errors = (err as { errors?: unknown[] } | null)?.errors ?? [err];
+  const kafkajs =
+    errors.length > 0 && errors.every((e) => (e as { retriable?: unknown } | null)?.retriable === false);
+  return kafkajs || someInChain(err, (e) => (e as { canRetry?: unknown }).canRetry === false);
+}

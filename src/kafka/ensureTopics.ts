@@ -1,5 +1,6 @@
-import type { Admin, ITopicConfig } from 'kafkajs';
-import { TopicMissingError, UnavailableError } from '../errors.js';
+import { TopicMissingError } from '../errors.js';
+import type { KafkaAdmin } from './admin.js';
+import { isRefusedKafkaError } from './classifyError.js';
 
 /** How to create the topics a subscriber finds missing. */
 export interface CreateTopicsOptions {
@@ -9,7 +10,7 @@ export interface CreateTopicsOptions {
 }
 
 /**
- * Checks that every topic exists before a consumer subscribes: kafkajs would otherwise fail
+ * Checks that every topic exists before a consumer subscribes: the client would otherwise fail
  * with a raw "This server does not host this topic-partition", or have the broker auto-create
  * it with whatever partitions the broker defaults to. With `create`, the missing ones are
  * created (and their leaders awaited); otherwise a TopicMissingError names each one and the
@@ -19,7 +20,7 @@ export interface CreateTopicsOptions {
  * auto.create.topics.enable create them, which is what this check must not do.
  */
 export async function ensureTopics(
-  admin: Admin,
+  admin: KafkaAdmin,
   topics: readonly string[],
   create?: CreateTopicsOptions,
 ): Promise<string[]> {
@@ -36,17 +37,10 @@ export async function ensureTopics(
     );
   }
   try {
-    // false when another process created them first: they exist, which is all we need.
-    await createTopicsAndWait(
-      admin,
-      missing.map((topic) => ({
-        topic,
-        numPartitions: create.numPartitions,
-        ...(create.replicationFactor === undefined ? {} : { replicationFactor: create.replicationFactor }),
-      })),
-    );
+    // A topic another process created meanwhile exists, which is all we need.
+    await admin.createTopics(missing, create);
   } catch (err) {
-    if (!refusedForGood(err)) throw err; // an outage: the caller waits and tries again
+    if (!isRefusedKafkaError(err)) throw err; // an outage: the caller waits and tries again
     throw new TopicMissingError(
       missing,
       `topic${missing.length > 1 ? 's' : ''} ${named} ${missing.length > 1 ? 'do' : 'does'} not exist and the broker ` +
@@ -57,39 +51,4 @@ export async function ensureTopics(
     );
   }
   return missing;
-}
-
-/** A protocol answer kafkajs marks as not retriable (invalid replication factor, policy, ACL). */
-function refusedForGood(err: unknown): boolean {
-  const errors = (err as { errors?: unknown[] } | null)?.errors ?? [err];
-  return errors.length > 0 && errors.every((e) => (e as { retriable?: unknown } | null)?.retriable === false);
-}
-
-/**
- * Creates topics and waits until every partition has a leader, asking again while a broker
- * answers that it does not host the topic yet. kafkajs's own `waitForLeaders` gives up on that
- * answer, which a cluster of several brokers gives for a moment after every creation (the
- * controller tells each broker on its own time). Returns false when they all existed already.
- */
-export async function createTopicsAndWait(
-  admin: Admin,
-  topics: ITopicConfig[],
-  deadlineMs = 60_000,
-): Promise<boolean> {
-  const created = await admin.createTopics({ topics, waitForLeaders: false });
-  const names = topics.map((t) => t.topic);
-  const until = Date.now() + deadlineMs;
-  for (;;) {
-    try {
-      const meta = await admin.fetchTopicMetadata({ topics: names });
-      if (meta.topics.every((t) => t.partitions.length > 0 && t.partitions.every((p) => p.leader >= 0))) {
-        return created;
-      }
-    } catch (err) {
-      if ((err as { retriable?: unknown }).retriable !== true || Date.now() > until) throw err;
-    }
-    if (Date.now() > until)
-      throw new UnavailableError(`topics ${names.join(', ')} have no leader after ${deadlineMs} ms`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
 }

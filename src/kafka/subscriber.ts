@@ -3,6 +3,7 @@ import { z } from 'zod';
 import { type Logger, silentLogger } from '../logger.js';
 import { opt, optionsSchema, parseOptions } from '../options.js';
 import { untilReachable } from '../startup/untilReachable.js';
+import { kafkaAdminOf } from './admin.js';
 import { isKafkaConfigurationError } from './classifyError.js';
 import { defaultKafkaClient, type KafkaClientName, kafkaClientNames } from './clientChoice.js';
 import { createConfluentSubscriber } from './confluentSubscriber.js';
@@ -111,7 +112,9 @@ const KafkaSubscriberOptionsSchema = optionsSchema<KafkaSubscriberOptions>()(
 export function createKafkaSubscriber(options: KafkaSubscriberOptions): Subscriber {
   const opts = parseOptions('Kafka subscriber options', KafkaSubscriberOptionsSchema, options);
   const { createTopics } = opts;
-  const kafka = kafkaClient(opts.brokers, opts.clientId ?? `cairn-inbox-${opts.groupId}`);
+  const client = opts.client ?? defaultKafkaClient();
+  const clientId = opts.clientId ?? `cairn-inbox-${opts.groupId}`;
+  const kafka = kafkaClient(opts.brokers, clientId);
   const log = (opts.logger ?? silentLogger).child({ component: 'subscriber', group: opts.groupId });
   let consumer: Consumer | undefined;
   let stopped = false;
@@ -124,20 +127,19 @@ export function createKafkaSubscriber(options: KafkaSubscriberOptions): Subscrib
    * Then checks the topics exist (creating them with createTopics).
    */
   async function probe(): Promise<void> {
-    const admin = kafka.admin({ retry: { retries: 0 } });
+    const admin = kafkaAdminOf(client, { brokers: opts.brokers, clientId, retries: 0 });
     try {
-      await admin.connect();
       const created = await ensureTopics(admin, opts.topics, createTopics);
       if (created.length > 0) log.info({ topics: created, ...createTopics }, 'created missing topics');
     } finally {
-      await admin.disconnect().catch(() => {});
+      await admin.close().catch(() => {});
     }
   }
 
-  const client = opts.client ?? defaultKafkaClient();
   if (client === 'confluent') {
-    // As for platformatic, the topic check goes through a kafkajs admin. The module is
-    // imported at run(): without it, a ConfigurationError says how to install it.
+    // The topic check goes through the admin (kafkaAdminOf); consuming and committing are
+    // librdkafka's. The module is imported at run(): without it, a ConfigurationError says
+    // how to install it.
     return createConfluentSubscriber({
       brokers: opts.brokers,
       groupId: opts.groupId,
@@ -150,13 +152,11 @@ export function createKafkaSubscriber(options: KafkaSubscriberOptions): Subscrib
     });
   }
   if (client === 'platformatic') {
-    // The topic check still goes through a kafkajs admin (moving admin use behind the seam is
-    // the next step); consuming and committing are the other client's.
     return createPlatformaticSubscriber({
       brokers: opts.brokers,
       groupId: opts.groupId,
       topics: opts.topics,
-      clientId: opts.clientId ?? `cairn-inbox-${opts.groupId}`,
+      clientId,
       fromBeginning: opts.fromBeginning ?? true,
       sessionTimeoutMs: opts.sessionTimeoutMs ?? 10_000,
       probe,

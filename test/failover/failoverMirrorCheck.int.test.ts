@@ -8,7 +8,7 @@ import { repoRoot } from '../../cli/stack/paths.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { registerTenant } from '../../src/db/tenant.js';
 import { ValidationError } from '../../src/errors.js';
-import { createTopicsAndWait } from '../../src/kafka/ensureTopics.js';
+import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
 import { HEADER } from '../../src/outbox/wire.js';
 import { checkAfterFailover } from '../../src/recovery/failover.js';

@@ -3,7 +3,7 @@ import { inject } from 'vitest';
 import { createScratchDatabase } from '../../scripts/lib/scratchDatabase.js';
 import { createDb, type Db } from '../../src/db/database.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
-import { createTopicsAndWait } from '../../src/kafka/ensureTopics.js';
+import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
 
 export interface TestDatabase {
