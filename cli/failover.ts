@@ -1,6 +1,6 @@
 import { parseArgs } from 'node:util';
 import { kafkaBrokersFromEnv } from '../src/env.js';
-import { kafkaClient } from '../src/kafka/publisher.js';
+import { createKafkaAdmin, type KafkaAdmin } from '../src/kafka/admin.js';
 import { checkAfterFailover, quarantine, releaseQuarantine } from '../src/recovery/failover.js';
 import { holdDiverged } from '../src/recovery/failoverHold.js';
 import { replayChangelog } from '../src/recovery/replayChangelog.js';
@@ -70,11 +70,13 @@ export async function failoverCommand(argv: string[]): Promise<number> {
     return { groupId, topics: list.split(',').filter(Boolean) };
   });
   return withDb(async (db) => {
-    const r = await checkAfterFailover(db, kafkaClient(kafkaBrokersFromEnv(), 'cairn-failover-check'), {
-      topics,
-      consumers,
-      ...(values['source-prefix'] ? { sourcePrefix: values['source-prefix'] } : {}),
-    });
+    const r = await withAdmin('cairn-failover-check', (kafka) =>
+      checkAfterFailover(db, kafka, {
+        topics,
+        consumers,
+        ...(values['source-prefix'] ? { sourcePrefix: values['source-prefix'] } : {}),
+      }),
+    );
     const hold = values.hold
       ? await holdDiverged(db, r, { actor: values.actor! })
       : { held: [], keptReleased: [] };
@@ -129,13 +131,15 @@ async function replayCommand(values: {
   actor?: string;
 }): Promise<number> {
   return withDb(async (db) => {
-    const r = await replayChangelog(db, kafkaClient(kafkaBrokersFromEnv(), 'cairn-failover-replay'), {
-      topic: values['from-topic']!,
-      actor: values.actor!,
-      ...checkpointKeysFromEnv(db),
-      ...(values['source-prefix'] ? { sourcePrefix: values['source-prefix'] } : {}),
-      ...(values.tenant ? { tenant: values.tenant } : {}),
-    });
+    const r = await withAdmin('cairn-failover-replay', (kafka) =>
+      replayChangelog(db, kafka, {
+        topic: values['from-topic']!,
+        actor: values.actor!,
+        ...checkpointKeysFromEnv(db),
+        ...(values['source-prefix'] ? { sourcePrefix: values['source-prefix'] } : {}),
+        ...(values.tenant ? { tenant: values.tenant } : {}),
+      }),
+    );
     const incomplete = r.incomplete.map((i) => i.taskId);
     const held = values.hold
       ? await quarantine(db, incomplete, {
@@ -156,4 +160,14 @@ async function replayCommand(values: {
     });
     return r.incomplete.length === 0 ? 0 : 1;
   }, 2);
+}
+
+/** Runs `job` with a KafkaAdmin on KAFKA_BROKERS (the client CAIRN_KAFKA_CLIENT names), closed after. */
+async function withAdmin<T>(clientId: string, job: (kafka: KafkaAdmin) => Promise<T>): Promise<T> {
+  const kafka = createKafkaAdmin({ brokers: kafkaBrokersFromEnv(), clientId });
+  try {
+    return await job(kafka);
+  } finally {
+    await kafka.close().catch(() => {});
+  }
 }

@@ -1,6 +1,6 @@
-import type { Admin } from 'kafkajs';
 import { Gauge, Histogram, Registry } from 'prom-client';
 import type { Db } from '../src/db/database.js';
+import type { KafkaAdmin } from '../src/kafka/admin.js';
 import { observationsOf } from '../src/metrics/observations.js';
 import { totalCounter } from '../src/metrics/totalCounter.js';
 import type { InboxConsumer } from './inboxConsumer.js';
@@ -12,7 +12,7 @@ import type { InboxObservation } from './processSpan.js';
  */
 export function inboxMetrics(
   consumer: InboxConsumer,
-  opts: { db: Db; groupId: string; topics: string[]; admin?: Admin },
+  opts: { db: Db; groupId: string; topics: string[]; admin?: KafkaAdmin },
 ): Registry {
   const registry = new Registry();
   const counter = (name: string, help: string, read: () => number) =>
@@ -85,9 +85,9 @@ export function inboxMetrics(
       labelNames: ['group', 'topic'],
       registers: [registry],
       async collect() {
-        const committed = await admin.fetchOffsets({ groupId: opts.groupId, topics: opts.topics });
+        const committed = await admin.committedOffsets(opts.groupId, opts.topics);
         for (const t of committed) {
-          const ends = await admin.fetchTopicOffsets(t.topic);
+          const ends = await admin.topicOffsets(t.topic);
           let lag = 0;
           for (const p of t.partitions) {
             const end = Number(ends.find((e) => e.partition === p.partition)?.high ?? 0);

@@ -50,6 +50,15 @@ export {
   UnavailableError,
   ValidationError,
 } from './errors.js';
+// Regional failover: what the check and the changelog replay read the broker with.
+export {
+  type CommittedOffsets,
+  createKafkaAdmin,
+  type KafkaAdmin,
+  type KafkaAdminOptions,
+  type PartitionOffsets,
+  type TopicRecord,
+} from './kafka/admin.js';
 // Leases, receipts, checkpoints, resume.
 export {
   type AcquireResult,
@@ -79,7 +88,6 @@ export {
   type RunOnceResult,
   type UncertainPolicy,
 } from './receipts/receipts.js';
-// Regional failover.
 export {
   type AppliedEffect,
   checkAfterFailover,

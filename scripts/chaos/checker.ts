@@ -1,9 +1,9 @@
-import type { Kafka } from 'kafkajs';
 import { sql } from 'kysely';
 import pRetry from 'p-retry';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import type { Db } from '../../src/db/database.js';
 import { UnavailableError } from '../../src/errors.js';
+import type { KafkaAdmin } from '../../src/kafka/admin.js';
 import { isKafkaConfigurationError, isPoisonError } from '../../src/kafka/classifyError.js';
 import { readTopicsToEnd, type SeenMessage } from '../../src/recovery/failover.js';
 import { isTerminal } from '../../src/state/transitions.js';
@@ -14,7 +14,8 @@ export const STALE_WRITER = 'spiffe://demo.cairn.local/chaos/stale-writer';
 
 export interface CheckerInput {
   db: Db;
-  kafka: Kafka;
+  /** What the events topic is read with. */
+  kafka: KafkaAdmin;
   sink: Sink;
   eventsTopic: string;
   observerGroups: readonly string[];
@@ -65,7 +66,7 @@ export function isBrokerOutage(err: unknown): boolean {
  * violation before).
  */
 async function readEvents(
-  kafka: Kafka,
+  kafka: KafkaAdmin,
   topic: string,
   deadlineMs: number,
 ): Promise<{ events: SeenMessage[] } | { outage: string }> {

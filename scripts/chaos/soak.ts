@@ -3,6 +3,7 @@ import { sql } from 'kysely';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { createDb, type Db } from '../../src/db/database.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
+import { createKafkaAdmin } from '../../src/kafka/admin.js';
 import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
@@ -349,10 +350,11 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
 
   // --- the independent checker ------------------------------------------------------------
   let checks: Check[];
+  const reader = createKafkaAdmin({ brokers: o.kafkaBrokers.split(','), clientId: 'cairn-chaos-checker' });
   try {
     checks = await checkInvariants({
       db,
-      kafka,
+      kafka: reader,
       sink,
       eventsTopic,
       observerGroups: groups,
@@ -360,6 +362,7 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
       leaseTtlMs,
     });
   } finally {
+    await reader.close().catch(() => {});
     await fleet.stopAll();
     await faults.close();
   }

@@ -6,10 +6,10 @@
  * the comparison with region A's own data (evidence.ts).
  */
 import { randomBytes } from 'node:crypto';
-import type { Kafka } from 'kafkajs';
 import { sql } from 'kysely';
 import type { KeyRing } from '../../src/checkpoints/signing.js';
 import type { Db } from '../../src/db/database.js';
+import type { KafkaAdmin } from '../../src/kafka/admin.js';
 import { type ReplayReport, replayChangelog } from '../../src/recovery/replayChangelog.js';
 import { stateDigest } from '../../src/state/changelog.js';
 import type { Check } from '../demo/verify.js';
@@ -74,7 +74,7 @@ export interface ChangelogReplay {
 /** Replays the changelog into the promoted database and snapshots what it rebuilt. */
 export async function replayIntoRegionB(
   db: Db,
-  kafka: Kafka,
+  kafka: KafkaAdmin,
   o: { topic: string; keyRing: KeyRing; sourcePrefix?: string; log: (line: string) => void },
 ): Promise<ChangelogReplay> {
   const started = Date.now();

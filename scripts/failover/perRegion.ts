@@ -14,6 +14,7 @@
  * topics; the local topics start from their beginning. The inbox drops what is re-delivered.
  */
 import type { Kafka } from 'kafkajs';
+import type { KafkaAdmin } from '../../src/kafka/admin.js';
 import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import type { FailoverReport } from '../../src/recovery/failover.js';
 import { readTopicsToEnd } from '../../src/recovery/failover.js';
@@ -75,8 +76,8 @@ export async function startRegionB(o: {
  * missing from B.
  */
 export async function mirrorTruth(
-  kafkaA: Kafka,
-  kafkaB: Kafka,
+  kafkaA: KafkaAdmin,
+  kafkaB: KafkaAdmin,
   topics: readonly string[],
   report: FailoverReport,
 ): Promise<{ unmirrored: number; checks: Check[] }> {

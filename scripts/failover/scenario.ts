@@ -5,6 +5,7 @@ import { sql } from 'kysely';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { createDb, type Db } from '../../src/db/database.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
+import { createKafkaAdmin, type KafkaAdmin } from '../../src/kafka/admin.js';
 import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
@@ -105,6 +106,8 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
   let sink: Sink | undefined;
   let regionB: RegionKafka | undefined;
   const perRegion = o.kafka === 'per-region';
+  let readerA: KafkaAdmin | undefined;
+  let readerB: KafkaAdmin | undefined;
   try {
     // --- regions ------------------------------------------------------------------------
     const a = await startPrimary(root, 'region_a');
@@ -162,7 +165,12 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
         log: o.log,
       });
     }
-    const kafkaB = regionB ? kafkaClient([regionB.brokers], 'cairn-failover-b') : kafka;
+    // What the replay, the check and the mirror comparison read with (CAIRN_KAFKA_CLIENT's client).
+    readerA = createKafkaAdmin({ brokers: o.kafkaBrokers.split(','), clientId: 'cairn-failover' });
+    const kafkaB = regionB
+      ? createKafkaAdmin({ brokers: [regionB.brokers], clientId: 'cairn-failover-b' })
+      : readerA;
+    readerB = kafkaB;
     sink = await startSink();
     const regionEnv = (url: string, region: string) => ({
       DATABASE_URL: url,
@@ -432,7 +440,7 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     });
     let unmirrored: number | null = null;
     if (regionB) {
-      const m = await mirrorTruth(kafka, kafkaB, allTopics, report);
+      const m = await mirrorTruth(readerA, kafkaB, allTopics, report);
       unmirrored = m.unmirrored;
       checks.push(...m.checks);
       o.log(`[failover] region A's broker: ${unmirrored} messages never reached the mirror`);
@@ -476,6 +484,8 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     for (const d of dbs) await d.destroy().catch(() => {});
     for (const s of servers) await s.stop();
     await sink?.close();
+    await readerA?.close().catch(() => {});
+    if (readerB !== readerA) await readerB?.close().catch(() => {});
     await regionB?.stop();
     rmSync(root, { recursive: true, force: true });
   }

@@ -1,7 +1,7 @@
-import type { Kafka } from 'kafkajs';
 import { z } from 'zod';
 import type { Db } from '../db/database.js';
 import { ValidationError } from '../errors.js';
+import type { KafkaAdmin } from '../kafka/admin.js';
 import { optionsSchema, parseOptions } from '../options.js';
 import {
   type GroupNotJudged,
@@ -215,7 +215,7 @@ async function lostConsumptions(
  */
 export async function checkAfterFailover(
   db: Db,
-  kafka: Kafka,
+  kafka: KafkaAdmin,
   options: FailoverCheckOptions,
 ): Promise<FailoverReport> {
   const o = parseOptions('failover check options', FailoverCheckOptionsSchema, options);

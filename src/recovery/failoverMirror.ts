@@ -11,10 +11,9 @@
  * still in the outbox, nor on the mirror, nor in any inbox was published where it can no longer
  * be read, and the task would wait for it forever: it is reported, and its task held.
  */
-import type { Kafka } from 'kafkajs';
 import { sql } from 'kysely';
 import type { Db } from '../db/database.js';
-import { connectOrUnavailable } from '../kafka/classifyError.js';
+import type { KafkaAdmin } from '../kafka/admin.js';
 import { TERMINAL } from '../state/transitions.js';
 import type { LostConsumption } from './failover.js';
 import type { SeenMessage } from './readTopics.js';
@@ -53,18 +52,12 @@ export function mirrorTopicIssues(
 
 /** The source names of `topics` (prefix removed) that exist on this cluster: this region's own topics. */
 export async function localTopicsOfMirror(
-  kafka: Kafka,
+  admin: KafkaAdmin,
   prefix: string,
   topics: readonly string[],
 ): Promise<string[]> {
-  const admin = kafka.admin();
-  await connectOrUnavailable(admin, 'the failover check');
-  try {
-    const exists = new Set(await admin.listTopics());
-    return [...new Set(topics.map((t) => t.slice(prefix.length)))].filter((t) => exists.has(t));
-  } finally {
-    await admin.disconnect();
-  }
+  const exists = new Set(await admin.listTopics());
+  return [...new Set(topics.map((t) => t.slice(prefix.length)))].filter((t) => exists.has(t));
 }
 
 /** A message the database says was published (its outbox row is gone) that the mirror lacks. */

@@ -3,11 +3,10 @@
  * a snapshot of their end offsets, and the consumer groups' committed offsets, each read again
  * at the end of the check to tell whether anything moved while it ran.
  */
-import { randomUUID } from 'node:crypto';
-import type { Kafka } from 'kafkajs';
 import pRetry from 'p-retry';
 import { UnavailableError } from '../errors.js';
-import { connectOrUnavailable } from '../kafka/classifyError.js';
+import type { KafkaAdmin, TopicRecord } from '../kafka/admin.js';
+import { isRetriableKafkaError } from '../kafka/classifyError.js';
 import { HEADER } from '../outbox/wire.js';
 
 /**
@@ -23,27 +22,18 @@ export interface MovedPartition {
   after: string;
 }
 
-/** Each group's committed offsets on its topics, as kafkajs's fetchOffsets gives them. */
+/** Each group's committed offsets on its topics (`-1` where it committed nothing). */
 export type GroupCommits = Map<
   string,
   Array<{ topic: string; partitions: Array<{ partition: number; offset: string }> }>
 >;
 
 export async function groupOffsets(
-  kafka: Kafka,
+  admin: KafkaAdmin,
   consumers: ReadonlyArray<{ groupId: string; topics: readonly string[] }>,
 ): Promise<GroupCommits> {
   const out: GroupCommits = new Map();
-  if (consumers.length === 0) return out;
-  const admin = kafka.admin();
-  await connectOrUnavailable(admin, 'the failover check');
-  try {
-    for (const c of consumers) {
-      out.set(c.groupId, await admin.fetchOffsets({ groupId: c.groupId, topics: [...c.topics] }));
-    }
-  } finally {
-    await admin.disconnect();
-  }
+  for (const c of consumers) out.set(c.groupId, await admin.committedOffsets(c.groupId, c.topics));
   return out;
 }
 
@@ -91,12 +81,12 @@ export interface SeenMessage {
  * `values` keeps each message's payload as well.
  */
 export async function readTopicsToEnd(
-  kafka: Kafka,
+  admin: KafkaAdmin,
   topics: readonly string[],
   deadlineMs = 60_000,
   opts: { values?: boolean } = {},
 ): Promise<SeenMessage[]> {
-  return (await readTopicsSnapshot(kafka, topics, deadlineMs, opts)).messages;
+  return (await readTopicsSnapshot(admin, topics, deadlineMs, opts)).messages;
 }
 
 /** End offsets by "topic/partition" (the next offset to be written), as a snapshot saw them. */
@@ -104,104 +94,71 @@ export type EndOffsets = Map<string, { low: bigint; high: bigint }>;
 
 /** readTopicsToEnd, with each partition's offsets at the time of the call. */
 export async function readTopicsSnapshot(
-  kafka: Kafka,
+  admin: KafkaAdmin,
   topics: readonly string[],
   deadlineMs = 60_000,
   opts: { values?: boolean } = {},
 ): Promise<{ messages: SeenMessage[]; ends: EndOffsets }> {
-  const ends = await endOffsets(kafka, topics, deadlineMs);
-  return { messages: await readUpTo(kafka, topics, ends, deadlineMs, opts), ends };
+  const ends = await endOffsets(admin, topics, deadlineMs);
+  return { messages: await readUpTo(admin, topics, ends, deadlineMs, opts), ends };
 }
 
 export async function endOffsets(
-  kafka: Kafka,
+  admin: KafkaAdmin,
   topics: readonly string[],
   deadlineMs: number,
 ): Promise<EndOffsets> {
   const ends: EndOffsets = new Map();
-  // No retries inside kafkajs: it would turn a retriable "not the leader" into a
-  // non-retriable "retries exceeded" before the retry below could see it.
-  const admin = kafka.admin({ retry: { retries: 0 } });
-  await connectOrUnavailable(admin, 'the failover check');
-  try {
-    for (const topic of topics) {
-      // Right after a broker restart or a leader election the broker answers "not the leader"
-      // or "in the middle of a leadership election" for a while (a minute on a starved
-      // machine): an outage, not an answer. Retried until the deadline; anything else is thrown.
-      const offsets = await pRetry(() => admin.fetchTopicOffsets(topic), {
-        retries: Number.POSITIVE_INFINITY,
-        maxRetryTime: deadlineMs,
-        minTimeout: 200,
-        maxTimeout: 3000,
-        shouldRetry: ({ error }) => (error as { retriable?: unknown }).retriable === true,
-      });
-      for (const p of offsets)
-        ends.set(`${topic}/${p.partition}`, { low: BigInt(p.low), high: BigInt(p.high) });
-    }
-  } finally {
-    await admin.disconnect();
+  for (const topic of topics) {
+    // Right after a broker restart or a leader election the broker answers "not the leader"
+    // or "in the middle of a leadership election" for a while (a minute on a starved
+    // machine): an outage, not an answer. Retried until the deadline; anything else is thrown.
+    const offsets = await pRetry(() => admin.topicOffsets(topic), {
+      retries: Number.POSITIVE_INFINITY,
+      maxRetryTime: deadlineMs,
+      minTimeout: 200,
+      maxTimeout: 3000,
+      shouldRetry: ({ error }) => isRetriableKafkaError(error),
+    });
+    for (const p of offsets)
+      ends.set(`${topic}/${p.partition}`, { low: BigInt(p.low), high: BigInt(p.high) });
   }
   return ends;
 }
 
 async function readUpTo(
-  kafka: Kafka,
+  admin: KafkaAdmin,
   topics: readonly string[],
   ends: EndOffsets,
   deadlineMs: number,
   opts: { values?: boolean },
 ): Promise<SeenMessage[]> {
-  const seen: SeenMessage[] = [];
   const remaining = new Map<string, bigint>(); // "topic/partition" -> last offset to read
   for (const [id, e] of ends) if (e.high > e.low) remaining.set(id, e.high - 1n);
-  if (remaining.size === 0) return seen;
-  const consumer = kafka.consumer({ groupId: `cairn-failover-check-${randomUUID()}`, maxWaitTimeInMs: 100 });
-  await consumer.connect();
-  try {
-    await consumer.subscribe({ topics: [...topics], fromBeginning: true });
-    let done!: () => void;
-    const finished = new Promise<void>((r) => {
-      done = r;
-    });
-    await consumer.run({
-      eachMessage: async ({ topic, partition, message }) => {
-        const header = (name: string) => message.headers?.[name]?.toString() || null;
-        const version = Number(header(HEADER.taskVersion));
-        seen.push({
-          topic,
-          partition,
-          offset: message.offset,
-          key: message.key?.toString() ?? '',
-          tenant: header(HEADER.tenant),
-          taskId: header(HEADER.taskId),
-          version: Number.isInteger(version) ? version : null,
-          messageId: header(HEADER.messageId) ?? '',
-          timestamp: message.timestamp,
-          ...(opts.values
-            ? {
-                value: message.value,
-                headers: Object.fromEntries(
-                  Object.entries(message.headers ?? {}).map(([k, v]) => [k, String(v ?? '')]),
-                ),
-              }
-            : {}),
-        });
-        const id = `${topic}/${partition}`;
-        const last = remaining.get(id);
-        if (last !== undefined && BigInt(message.offset) >= last) remaining.delete(id);
-        if (remaining.size === 0) done();
-      },
-    });
-    const timer = setTimeout(done, deadlineMs);
-    await finished;
-    clearTimeout(timer);
-    if (remaining.size > 0) {
-      throw new UnavailableError(
-        `failover check: could not read ${[...remaining.keys()].join(', ')} to its end within ${deadlineMs} ms`,
-      );
-    }
-  } finally {
-    await consumer.disconnect();
+  if (remaining.size === 0) return [];
+  const { records, unread } = await admin.readTopics(topics, remaining, deadlineMs);
+  if (unread.length > 0) {
+    throw new UnavailableError(
+      `failover check: could not read ${unread.join(', ')} to its end within ${deadlineMs} ms`,
+    );
   }
-  return seen;
+  return records.map((r) => seenMessage(r, opts));
+}
+
+/** What the check needs of a record: Cairn's headers (set by the relay, never by a caller). */
+function seenMessage(r: TopicRecord, opts: { values?: boolean }): SeenMessage {
+  const header = (name: string) => r.headers[name] || null;
+  const version = Number(header(HEADER.taskVersion));
+  return {
+    topic: r.topic,
+    partition: r.partition,
+    offset: r.offset,
+    key: r.key?.toString() ?? '',
+    tenant: header(HEADER.tenant),
+    taskId: header(HEADER.taskId),
+    version: Number.isInteger(version) ? version : null,
+    messageId: header(HEADER.messageId) ?? '',
+    timestamp: r.timestamp,
+    ...(opts.values ? { value: r.value, headers: r.headers } : {}),
+  };
 }

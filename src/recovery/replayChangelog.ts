@@ -1,4 +1,3 @@
-import type { Kafka } from 'kafkajs';
 import { sql } from 'kysely';
 import { z } from 'zod';
 import { canonicalBytes } from '../canonical.js';
@@ -6,7 +5,7 @@ import type { KeyRing } from '../checkpoints/signing.js';
 import type { TenantKeys } from '../crypto/tenantKeys.js';
 import type { Db } from '../db/database.js';
 import type { Trx } from '../db/executor.js';
-import { connectOrUnavailable } from '../kafka/classifyError.js';
+import type { KafkaAdmin } from '../kafka/admin.js';
 import { objectWith, optionsSchema, parseOptions } from '../options.js';
 import {
   type ChangelogBody,
@@ -126,7 +125,7 @@ interface Found {
  */
 export async function replayChangelog(
   db: Db,
-  kafka: Kafka,
+  kafka: KafkaAdmin,
   options: ReplayChangelogOptions,
 ): Promise<ReplayReport> {
   const o = parseOptions('changelog replay options', Options, options);
@@ -247,7 +246,7 @@ export async function replayChangelog(
   const onBroker = new Map<string, Array<{ topic: string; partition: number; offset: string }>>();
   if (wanted.size > 0) {
     const topics = [...wanted].map((t) => `${o.sourcePrefix ?? ''}${t}`);
-    const existing = new Set(await listTopics(kafka));
+    const existing = new Set(await kafka.listTopics());
     const seen = await readTopicsToEnd(
       kafka,
       topics.filter((t) => existing.has(t)),
@@ -365,14 +364,4 @@ async function writeRecords(
     for (const rc of body.receipts) receipts += await restoreReceipt(trx, e, rc);
   }
   return { receipts };
-}
-
-async function listTopics(kafka: Kafka): Promise<string[]> {
-  const admin = kafka.admin();
-  await connectOrUnavailable(admin, 'the changelog replay');
-  try {
-    return await admin.listTopics();
-  } finally {
-    await admin.disconnect();
-  }
 }

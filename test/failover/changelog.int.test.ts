@@ -13,6 +13,7 @@ import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys, type TenantKeys } from '../../src/crypto/tenantKeys.js';
 import type { Db } from '../../src/db/database.js';
 import { UnavailableError } from '../../src/errors.js';
+import { createKafkaAdmin } from '../../src/kafka/admin.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';
@@ -42,6 +43,8 @@ import { waitFor } from '../support/topicReader.js';
 let a: TestDatabase;
 let b: TestDatabase;
 const kafka = kafkaClient(kafkaBrokers(), 'changelog-test');
+/** What the replay reads the broker with (the client CAIRN_KAFKA_CLIENT names). */
+const reader = createKafkaAdmin({ brokers: kafkaBrokers(), clientId: 'changelog-test-reader' });
 const ring = { current: 'k1', keys: { k1: randomBytes(32) } };
 const clock = () => new Date('2026-12-01T00:00:00.000Z');
 
@@ -49,6 +52,7 @@ beforeAll(async () => {
   [a, b] = await Promise.all([createTestDatabase('changelog_a'), createTestDatabase('changelog_b')]);
 });
 afterAll(async () => {
+  await reader.close();
   await a?.drop();
   await b?.drop();
 });
@@ -89,7 +93,7 @@ async function publishA(): Promise<void> {
 }
 
 const replay = (topic: string, extra: Partial<ReplayChangelogOptions> = {}) =>
-  replayChangelog(b.db, kafka, {
+  replayChangelog(b.db, reader, {
     topic,
     actor: 'spiffe://acme.example/operator',
     deadlineMs: 30_000,
@@ -128,7 +132,7 @@ async function produce(topic: string, e: ChangelogEnvelope, tenant = e.tenant_id
 
 async function recordsOn(topic: string): Promise<ChangelogEnvelope[]> {
   const { readTopicsToEnd } = await import('../../src/recovery/failover.js');
-  return (await readTopicsToEnd(kafka, [topic], 30_000, { values: true })).map(
+  return (await readTopicsToEnd(reader, [topic], 30_000, { values: true })).map(
     (m) => JSON.parse(m.value!.toString()) as ChangelogEnvelope,
   );
 }

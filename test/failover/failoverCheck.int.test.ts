@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRelay } from '../../relay/relay.js';
-import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
+import { createKafkaAdmin } from '../../src/kafka/admin.js';
+import { createKafkaPublisher } from '../../src/kafka/publisher.js';
 import { checkAfterFailover } from '../../src/recovery/failover.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
@@ -78,9 +79,8 @@ describe('failover check', () => {
       await running;
     }
 
-    const report = await checkAfterFailover(b.db, kafkaClient(kafkaBrokers(), 'failover-check-test'), {
-      topics: [topic],
-    });
+    const kafka = createKafkaAdmin({ brokers: kafkaBrokers(), clientId: 'failover-check-test' });
+    const report = await checkAfterFailover(b.db, kafka, { topics: [topic] }).finally(() => kafka.close());
     expect(report.divergedTasks).toEqual(['T1']);
     expect(report.lostTransitions).toMatchObject([{ taskId: 'T1', storedVersion: 1, seenVersion: 2 }]);
   });

@@ -8,6 +8,7 @@ import { repoRoot } from '../../cli/stack/paths.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { registerTenant } from '../../src/db/tenant.js';
 import { ValidationError } from '../../src/errors.js';
+import { createKafkaAdmin, type KafkaAdmin } from '../../src/kafka/admin.js';
 import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
 import { HEADER } from '../../src/outbox/wire.js';
@@ -29,11 +30,15 @@ import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from
 const PREFIX = 'A.';
 let b: TestDatabase;
 let kafka: Kafka;
+/** What the check reads the broker with (the client CAIRN_KAFKA_CLIENT names). */
+let reader: KafkaAdmin;
 beforeAll(async () => {
   b = await createTestDatabase('failover_mirror_check');
   kafka = kafkaClient(kafkaBrokers(), 'failover-mirror-check');
+  reader = createKafkaAdmin({ brokers: kafkaBrokers(), clientId: 'failover-mirror-check-reader' });
 });
 afterAll(async () => {
+  await reader?.close();
   await b?.drop();
 });
 
@@ -139,7 +144,7 @@ async function cli(...args: string[]): Promise<{ code: number; stdout: string }>
 describe('sourcePrefix is compared with every topic named', () => {
   it('an unprefixed topic or group topic is refused with a ValidationError naming the field and value', async () => {
     const { source, mirror } = await topics('slip');
-    const err = await checkAfterFailover(b.db, kafka, {
+    const err = await checkAfterFailover(b.db, reader, {
       topics: [mirror, source],
       consumers: [{ groupId: 'g', topics: [source] }],
       sourcePrefix: PREFIX,
@@ -156,7 +161,7 @@ describe('sourcePrefix is compared with every topic named', () => {
     const { source, mirror } = await topics('local', { local: true });
     const m = await publishedTransition('LOCAL-1', source);
     await send(source, [{ taskId: 'LOCAL-1', version: 2, messageId: m }]); // region B's relay
-    const r = await checkAfterFailover(b.db, kafka, {
+    const r = await checkAfterFailover(b.db, reader, {
       topics: [mirror],
       consumers: [{ groupId: `g-${randomUUID()}`, topics: [mirror] }],
       sourcePrefix: PREFIX,
@@ -175,7 +180,7 @@ describe('a group without translated offsets', () => {
     const judged = `g-judged-${randomUUID()}`;
     const unjudged = `g-unjudged-${randomUUID()}`;
     await translatedOffset(judged, mirror, 0);
-    const r = await checkAfterFailover(b.db, kafka, {
+    const r = await checkAfterFailover(b.db, reader, {
       topics: [mirror],
       consumers: [
         { groupId: judged, topics: [mirror] },
@@ -232,7 +237,7 @@ describe("the mirror's history older than retention here", () => {
     // A task of which nothing is left and no certificate speaks: a real loss.
     await send(mirror, [{ taskId: 'GONE-1', version: 1, tenant: 'ret' }]);
     await translatedOffset('ret-g', mirror, 3);
-    const r = await checkAfterFailover(b.db, kafka, {
+    const r = await checkAfterFailover(b.db, reader, {
       topics: [mirror],
       consumers: [{ groupId: 'ret-g', topics: [mirror] }],
       sourcePrefix: PREFIX,
@@ -256,7 +261,7 @@ describe("the mirror's history older than retention here", () => {
       b.db,
     );
     await translatedOffset('prune-g', mirror, 3);
-    const r = await checkAfterFailover(b.db, kafka, {
+    const r = await checkAfterFailover(b.db, reader, {
       topics: [mirror],
       consumers: [{ groupId: 'prune-g', topics: [mirror] }],
       sourcePrefix: PREFIX,
@@ -295,7 +300,7 @@ describe('a check run again after an operator released a task', () => {
       (
         await holdDiverged(
           b.db,
-          await checkAfterFailover(b.db, kafka, { topics: [mirror], sourcePrefix: PREFIX }),
+          await checkAfterFailover(b.db, reader, { topics: [mirror], sourcePrefix: PREFIX }),
           { actor: AGENT },
         )
       ).held,
@@ -312,7 +317,7 @@ describe('MirrorMaker still copying during the check', () => {
       while (copying) await send(mirror, [{ taskId: 'MOV-1', version: 1 }]);
     })();
     try {
-      const r = await checkAfterFailover(b.db, kafka, { topics: [mirror], sourcePrefix: PREFIX });
+      const r = await checkAfterFailover(b.db, reader, { topics: [mirror], sourcePrefix: PREFIX });
       expect(r.movedDuringCheck).toEqual([expect.objectContaining({ topic: mirror, partition: 0 })]);
       const [moved] = r.movedDuringCheck;
       expect(BigInt(moved!.after)).toBeGreaterThan(BigInt(moved!.before));
@@ -320,7 +325,7 @@ describe('MirrorMaker still copying during the check', () => {
       copying = false;
       await copier;
     }
-    const still = await checkAfterFailover(b.db, kafka, { topics: [mirror], sourcePrefix: PREFIX });
+    const still = await checkAfterFailover(b.db, reader, { topics: [mirror], sourcePrefix: PREFIX });
     expect(still.movedDuringCheck).toEqual([]);
   });
 
@@ -344,7 +349,7 @@ describe('MirrorMaker still copying during the check', () => {
         await member.commitOffsets([{ topic: mirror, partition: 0, offset: String(n) }]);
     })();
     try {
-      const r = await checkAfterFailover(b.db, kafka, {
+      const r = await checkAfterFailover(b.db, reader, {
         topics: [mirror],
         consumers: [{ groupId: group, topics: [mirror] }],
         sourcePrefix: PREFIX,

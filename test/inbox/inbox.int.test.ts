@@ -6,6 +6,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
 import { createInboxConsumer, type InboxConsumer, type InboxHandler } from '../../consumers/inboxConsumer.js';
 import { inboxMetrics } from '../../consumers/metrics.js';
+import { createKafkaAdmin } from '../../src/kafka/admin.js';
 import { createKafkaPublisher, kafkaClient, type Publisher } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import {
@@ -103,8 +104,7 @@ describe('inbox consumer on a real broker and real Postgres', () => {
     expect(rows).toEqual([{ message_id: id, outcome: 'applied' }]);
 
     // The same figures as Prometheus metrics, with the group's lag from the broker.
-    const admin = kafka.admin();
-    await admin.connect();
+    const admin = createKafkaAdmin({ brokers: kafkaBrokers(), clientId: 'inbox-int-test-lag' });
     try {
       const registry = inboxMetrics(c, { db: tdb.db, groupId: `${topic}.g`, topics: [topic], admin });
       await waitFor('the offsets to be committed', async () =>
@@ -116,7 +116,7 @@ describe('inbox consumer on a real broker and real Postgres', () => {
       expect(text).toMatch(/^cairn_inbox_dlq_open\{group="[^"]+"\} 0$/m);
       expect(text).toContain('# TYPE cairn_inbox_publish_to_apply_seconds histogram');
     } finally {
-      await admin.disconnect();
+      await admin.close();
     }
   });
 

@@ -17,6 +17,7 @@ import {
   checkAfterFailover,
   createCheckpointer,
   createDb,
+  createKafkaAdmin,
   createLeaseManager,
   createLogger,
   createOutbox,
@@ -31,7 +32,6 @@ import {
   runRetention,
   ValidationError,
 } from '../../src/index.js';
-import { kafkaClient } from '../../src/kafka/publisher.js';
 
 const db = createDb({ connectionString: 'postgres://127.0.0.1:1/never-queried', max: 1 });
 const brokers = ['127.0.0.1:1'];
@@ -114,7 +114,13 @@ const factories: Array<{ name: string; field: string; value: unknown; call: (bad
     name: 'checkAfterFailover',
     field: 'topics',
     value: 'orders',
-    call: (b) => checkAfterFailover(db, kafkaClient(brokers, 'c'), { topics: ['orders'], ...b }),
+    call: (b) => checkAfterFailover(db, createKafkaAdmin({ brokers }), { topics: ['orders'], ...b }),
+  },
+  {
+    name: 'createKafkaAdmin',
+    field: 'client',
+    value: 'librdkafka',
+    call: (b) => createKafkaAdmin({ brokers, ...b }),
   },
   {
     name: 'runRetention',
