@@ -1,8 +1,8 @@
-import { readdirSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { dirname, join, relative, resolve } from 'node:path';
-import ts from 'typescript';
 import { describe, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
+import { sourceFiles, specifiers } from './imports.js';
 
 /**
  * Arrows point down: the applications (`relay/`, `consumers/`, `cli/`, `scripts/`) import the
@@ -12,19 +12,6 @@ import { repoRoot } from '../../cli/stack/paths.js';
 const allowed = ['src/', 'migrations/'];
 const packageName = (JSON.parse(readFileSync(join(repoRoot, 'package.json'), 'utf8')) as { name: string })
   .name;
-
-function sourceFiles(dir: string): string[] {
-  return readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
-    const path = join(dir, e.name);
-    if (e.isDirectory()) return sourceFiles(path);
-    return e.name.endsWith('.ts') ? [path] : [];
-  });
-}
-
-/** Every module a file names: static and dynamic imports, `import type`, `export ... from`. */
-function specifiers(text: string): string[] {
-  return ts.preProcessFile(text, true, true).importedFiles.map((f) => f.fileName);
-}
 
 /** The imports of `file` (a path under the repository) that leave the library, as `file -> specifier`. */
 function violations(file: string, text: string): string[] {
