@@ -6,17 +6,23 @@
  * Each mode also reports CPU µs per update of Node, the database's backends and the broker
  * (which takes no part here: it should read near 0). And the same CAS with the changelog on
  * (issue 20: a second outbox row per update, the task's receipts read, two state digests).
+ * And pgbench sending the very statements an update sends, with no Node (bench/pgbench.ts):
+ * issue 16's target is CAS >= 0.9 x that; the raw UPDATE ratio stays beside it.
  */
 import { sql } from 'kysely';
 import { createDb } from '../src/db/database.js';
-import { forTenant, registerTenant } from '../src/db/tenant.js';
+import { searchPath } from '../src/db/pool.js';
+import { forTenant, registerTenant, schemaOf } from '../src/db/tenant.js';
 import { createTaskStore, type TaskStore } from '../src/state/taskStore.js';
 import { addCpu, type CpuSpent, cpuDuring, cpuLine, cpuPerMsg, cpuSources, NO_CPU } from './cpu.js';
+import { captureStatements, findPgbench, pgbenchScript, reapedChildrenCpuS, runPgbench } from './pgbench.js';
 import { benchDatabase, flag, throughput } from './support.js';
 
 export async function benchCas(args: string[]): Promise<Record<string, unknown>> {
   const workers = flag(args, 'workers', 8);
-  const seconds = flag(args, 'seconds', args.includes('--quick') ? 3 : 10);
+  // Per mode, in two rounds of whole seconds (pgbench's -T takes whole seconds).
+  const roundS = Math.max(1, Math.round(flag(args, 'seconds', args.includes('--quick') ? 3 : 10) / 2));
+  const seconds = roundS * 2;
   const env = await benchDatabase('cas', workers + 2);
   const cpuSrc = await cpuSources(env);
   try {
@@ -35,19 +41,74 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
     // which would leave the store's rows with a document that disagrees with their version.
     const rawIds = Array.from({ length: workers }, (_, w) => `raw-${w}`);
     const versions = new Map<string, number>();
+    const newTask = (id: string) => ({
+      tenant_id: 'bench',
+      task_id: id,
+      workflow_digest: `sha256:${'0'.repeat(64)}`,
+      intent_id: 'bench',
+      budget: { currency_committed_usd: 1, currency_spent_usd: 0, tokens_spent: 0, hops_used: 0 },
+    });
     for (const id of [...ids, ...rawIds, ...rlsIds, ...clIds]) {
-      const t = await store.create({
-        task: {
-          tenant_id: 'bench',
-          task_id: id,
-          workflow_digest: `sha256:${'0'.repeat(64)}`,
-          intent_id: 'bench',
-          budget: { currency_committed_usd: 1, currency_spent_usd: 0, tokens_spent: 0, hops_used: 0 },
-        },
-        actor,
-      });
+      const t = await store.create({ task: newTask(id), actor });
       versions.set(id, t.version);
     }
+    /**
+     * The pgbench phase (bench/pgbench.ts): the statements one update of the store sends,
+     * captured from a store whose clock is fixed, replayed by one pgbench process per worker
+     * on a task of its own (fresh each round, so each starts at version 1). Null when there
+     * is no pgbench.
+     */
+    const pgbenchPhase = async () => {
+      const bin = findPgbench();
+      if (!bin) return null;
+      let now = new Date('2026-01-01T00:00:00.000Z');
+      const fixed = createTaskStore({ db: env.db, clock: () => now });
+      const captureId = 'pgbench-capture';
+      const created = await fixed.create({ task: newTask(captureId), actor });
+      const createdAt = created.updated_at;
+      now = new Date('2026-01-01T00:00:01.000Z');
+      const sent = await captureStatements(async () => {
+        const r = await fixed.update({
+          taskId: captureId,
+          expectedVersion: created.version,
+          patch: { budget: { tokens_spent: 1 } },
+          actor,
+        });
+        if (!r.ok) throw r.error;
+      });
+      const { script, values } = pgbenchScript(sent, created.version);
+      return {
+        bin,
+        statements: sent.length,
+        round: async (round: number) => {
+          // The rows start where the captured update left its document: updated_at of `now`.
+          const clientIds = Array.from({ length: workers }, (_, w) => `pgbench-${round}-${w}`);
+          for (const id of clientIds) await fixed.create({ task: newTask(id), actor });
+          const childBefore = await reapedChildrenCpuS();
+          const m = await cpuDuring(
+            cpuSrc,
+            () =>
+              runPgbench({
+                bin,
+                url: env.url,
+                searchPath: searchPath(schemaOf(env.db)).replace(' ', ''),
+                script,
+                seconds: roundS,
+                clients: clientIds.map((id) => ({
+                  version: created.version,
+                  args: values((v) => (v === createdAt ? now.toISOString() : v.replaceAll(captureId, id))),
+                })),
+              }),
+            { pollBackendsMs: 100 },
+          );
+          const childS = (await reapedChildrenCpuS()) - childBefore;
+          spent.pgbench.ops += m.result.transactions;
+          spent.pgbench.cpu = addCpu(spent.pgbench.cpu, { ...m.cpu, nodeS: m.cpu.nodeS + childS });
+          return m.result.tps;
+        },
+      };
+    };
+    const pgbench = await pgbenchPhase();
 
     const tokens = new Map<string, number>([...ids, ...rlsIds, ...clIds].map((id) => [id, 0]));
     const casOn = (s: TaskStore, list: string[]) => async (w: number) => {
@@ -83,6 +144,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
     let rawTotal = 0;
     let rlsTotal = 0;
     let clTotal = 0;
+    let pgbenchTotal = 0;
     const rounds = 2;
     // Each mode's CPU and operations, summed over the rounds.
     const spent = {
@@ -90,10 +152,11 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       cas: { ops: 0, cpu: NO_CPU },
       cas_tenant_rls: { ops: 0, cpu: NO_CPU },
       cas_changelog: { ops: 0, cpu: NO_CPU },
+      pgbench: { ops: 0, cpu: NO_CPU },
     };
     const measured = async (mode: keyof typeof spent, op: (w: number) => Promise<void>) => {
       const m = await cpuDuring(cpuSrc, () =>
-        throughput(workers, seconds / 2, async (w) => {
+        throughput(workers, roundS, async (w) => {
           await op(w);
           spent[mode].ops++;
         }),
@@ -101,7 +164,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       spent[mode].cpu = addCpu(spent[mode].cpu, m.cpu);
       return { perS: m.result, cpu: m.cpu };
     };
-    const nodeCores = (c: CpuSpent) => c.nodeS / (seconds / 2);
+    const nodeCores = (c: CpuSpent) => c.nodeS / roundS;
     let rawCpu = 0;
     let casCpu = 0;
     for (let i = 0; i < rounds; i++) {
@@ -113,12 +176,14 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       casCpu += nodeCores(c.cpu);
       rlsTotal += (await measured('cas_tenant_rls', casRls)).perS;
       clTotal += (await measured('cas_changelog', casChangelog)).perS;
+      if (pgbench) pgbenchTotal += await pgbench.round(i);
     }
     const cpu = {
       raw: cpuPerMsg(spent.raw.cpu, spent.raw.ops),
       cas: cpuPerMsg(spent.cas.cpu, spent.cas.ops),
       cas_tenant_rls: cpuPerMsg(spent.cas_tenant_rls.cpu, spent.cas_tenant_rls.ops),
       cas_changelog: cpuPerMsg(spent.cas_changelog.cpu, spent.cas_changelog.ops),
+      ...(pgbench ? { pgbench: cpuPerMsg(spent.pgbench.cpu, spent.pgbench.ops) } : {}),
     };
     await appDb.destroy();
     const rlsPerS = rlsTotal / rounds;
@@ -128,12 +193,23 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
     const casPerS = casTotal / rounds;
     const rawPerS = rawTotal / rounds;
     const ratio = casPerS / rawPerS;
+    const pgbenchPerS = pgbench ? pgbenchTotal / rounds : null;
+    const toPgbench = pgbenchPerS ? casPerS / pgbenchPerS : null;
     console.log(`workers: ${workers}, ${seconds} s per mode`);
     console.log(`CAS update (TaskStore.update, audit row, trigger): ${casPerS.toFixed(0)} /s`);
     console.log(`  ${cpuLine(cpu.cas, 'update')}`);
     console.log(`raw version bump + audit row (one statement):     ${rawPerS.toFixed(0)} /s`);
     console.log(`  ${cpuLine(cpu.raw, 'update')}`);
-    console.log(`ratio: ${ratio.toFixed(2)} (target >= 0.7)`);
+    if (pgbench && pgbenchPerS) {
+      console.log(`pgbench, the store's statements, no Node:          ${pgbenchPerS.toFixed(0)} /s`);
+      console.log(`  ${cpuLine(cpu.pgbench!, 'update')} (Node here: the pgbench processes)`);
+      console.log(`  statements per update: ${pgbench.statements}; ${pgbench.bin}`);
+    } else {
+      console.log('pgbench: not found (set CAIRN_PGBENCH), its phase was skipped');
+    }
+    console.log(
+      `ratio to raw UPDATE: ${ratio.toFixed(2)}; ratio to pgbench: ${toPgbench?.toFixed(2) ?? 'n/a'} (target >= 0.9)`,
+    );
     console.log(
       `CAS as a tenant (forTenant: the tenant's login role, row-level security): ${rlsPerS.toFixed(0)} /s (${((rlsPerS / casPerS) * 100).toFixed(0)}% of the owner's)`,
     );
@@ -149,6 +225,9 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       cas_per_s: Math.round(casPerS),
       raw_per_s: Math.round(rawPerS),
       ratio: Number(ratio.toFixed(3)),
+      pgbench_per_s: pgbenchPerS === null ? null : Math.round(pgbenchPerS),
+      cas_to_pgbench: toPgbench === null ? null : Number(toPgbench.toFixed(3)),
+      pgbench_statements_per_update: pgbench?.statements ?? null,
       cas_tenant_rls_per_s: Math.round(rlsPerS),
       tenant_to_owner: Number((rlsPerS / casPerS).toFixed(3)),
       cas_changelog_per_s: Math.round(clPerS),

@@ -139,20 +139,37 @@ const delta = (after: Map<number, number>, before: Map<number, number>) =>
 export async function cpuDuring<T>(
   src: CpuSources,
   run: () => Promise<T>,
+  opts: { pollBackendsMs?: number } = {},
 ): Promise<{ result: T; cpu: CpuSpent; seconds: number }> {
   const children = () => src.childPids?.() ?? [];
   const backends = async () => (src.postgresLocal ? backendPids(src.db, src.database) : []);
   const pgBefore = await sumCpuS(await backends());
   const brokerBefore = await sumCpuS(src.brokerPids ?? []);
   const childBefore = await sumCpuS(children());
+  // Backends that connect and leave within the run (another process's, like pgbench's) are
+  // read every pollBackendsMs and count up to their last reading: at most one interval lost each.
+  const lastSeen = new Map<number, number>();
+  let polling: Promise<void> = Promise.resolve();
+  const poll =
+    opts.pollBackendsMs && src.postgresLocal
+      ? setInterval(() => {
+          polling = polling.then(async () => {
+            for (const [pid, s] of await sumCpuS(await backends())) lastSeen.set(pid, s);
+          });
+        }, opts.pollBackendsMs)
+      : undefined;
   const node = process.cpuUsage();
   const started = performance.now();
   const result = await run();
   const seconds = (performance.now() - started) / 1000;
   const nodeUsed = process.cpuUsage(node);
+  clearInterval(poll);
+  await polling;
   const childS = delta(await sumCpuS(children()), childBefore);
   const brokerAfter = await sumCpuS(src.brokerPids ?? []);
-  const postgresS = src.postgresLocal ? delta(await sumCpuS(await backends()), pgBefore) : null;
+  const postgresS = src.postgresLocal
+    ? delta(new Map([...lastSeen, ...(await sumCpuS(await backends()))]), pgBefore)
+    : null;
   return {
     result,
     seconds,
