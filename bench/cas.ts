@@ -76,9 +76,10 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
         });
         if (!r.ok) throw r.error;
       });
-      const { script, values } = pgbenchScript(sent, created.version);
+      const { script, mode, values } = pgbenchScript(sent, created.version);
       return {
         bin,
+        mode,
         statements: sent.length,
         round: async (round: number) => {
           // The rows start where the captured update left its document: updated_at of `now`.
@@ -93,6 +94,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
                 url: env.url,
                 searchPath: searchPath(schemaOf(env.db)).replace(' ', ''),
                 script,
+                mode,
                 seconds: roundS,
                 clients: clientIds.map((id) => ({
                   version: created.version,
@@ -102,6 +104,15 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
             { pollBackendsMs: 100 },
           );
           const childS = (await reapedChildrenCpuS()) - childBefore;
+          // Every transaction pgbench counted must have raised its task's version by one.
+          for (const [w, id] of clientIds.entries()) {
+            const row = await fixed.get(id);
+            if (row?.version !== created.version + m.result.perClient[w]!) {
+              throw new Error(
+                `pgbench's CAS on ${id} did not swap every time: version ${row?.version} after ${m.result.perClient[w]} transactions`,
+              );
+            }
+          }
           spent.pgbench.ops += m.result.transactions;
           spent.pgbench.cpu = addCpu(spent.pgbench.cpu, { ...m.cpu, nodeS: m.cpu.nodeS + childS });
           return m.result.tps;
@@ -203,7 +214,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
     if (pgbench && pgbenchPerS) {
       console.log(`pgbench, the store's statements, no Node:          ${pgbenchPerS.toFixed(0)} /s`);
       console.log(`  ${cpuLine(cpu.pgbench!, 'update')} (Node here: the pgbench processes)`);
-      console.log(`  statements per update: ${pgbench.statements}; ${pgbench.bin}`);
+      console.log(`  statements per update: ${pgbench.statements}; ${pgbench.bin} -M ${pgbench.mode}`);
     } else {
       console.log('pgbench: not found (set CAIRN_PGBENCH), its phase was skipped');
     }
@@ -228,6 +239,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       pgbench_per_s: pgbenchPerS === null ? null : Math.round(pgbenchPerS),
       cas_to_pgbench: toPgbench === null ? null : Number(toPgbench.toFixed(3)),
       pgbench_statements_per_update: pgbench?.statements ?? null,
+      pgbench_protocol: pgbench?.mode ?? null,
       cas_tenant_rls_per_s: Math.round(rlsPerS),
       tenant_to_owner: Number((rlsPerS / casPerS).toFixed(3)),
       cas_changelog_per_s: Math.round(clPerS),

@@ -6,10 +6,13 @@
  * Client.query is watched, so the script follows whatever the store sends on the wire (its
  * text, its parameters, BEGIN/COMMIT if it opens a transaction). The parameters are replayed
  * as pgbench variables in extended protocol (`-M extended`: unnamed statements, parse and
- * bind on every execution, as node-postgres sends them). What differs per execution is the
- * expected version, which the script takes from the CAS's own `RETURNING version` (\gset);
- * the document's updated_at is frozen by a fixed clock, so the store's `doc->>'updated_at'`
- * guard holds on every repetition with the same document.
+ * bind on every execution, as node-postgres sends them; `-M prepared` when the store sends
+ * named statements). What differs per execution is the expected version, which the script
+ * raises by one after the statement that names it (a client-side \set, no round trip); the
+ * CAS bench checks afterwards that each task's version rose by exactly the transactions
+ * pgbench counted, so a CAS that matched nothing cannot pass unseen. The document's
+ * updated_at is frozen by a fixed clock, so the store's `doc->>'updated_at'` guard holds on
+ * every repetition with the same document.
  */
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -18,11 +21,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
 
-/** One statement as the client sent it, and the rows it got back. */
+/** One statement as the client sent it (with its prepared statement's name, if any). */
 export interface SentStatement {
   text: string;
   values: unknown[];
-  rows: Record<string, unknown>[];
+  name?: string;
 }
 
 /** pgbench's binary: CAIRN_PGBENCH, Debian's Postgres 15 install, else `pgbench` on PATH; null if none runs. */
@@ -45,19 +48,10 @@ export async function captureStatements(fn: () => Promise<void>): Promise<SentSt
   proto.query = function (this: unknown, ...args: unknown[]) {
     const [first, second] = args;
     const text = typeof first === 'string' ? first : (first as { text: string }).text;
-    const values =
-      (typeof first === 'object' && first !== null ? (first as { values?: unknown[] }).values : undefined) ??
-      (Array.isArray(second) ? second : []);
-    const entry: SentStatement = { text, values: [...values], rows: [] };
-    sent.push(entry);
-    const r = original.apply(this, args);
-    if (r instanceof Promise) {
-      return r.then((res: { rows?: Record<string, unknown>[] }) => {
-        entry.rows = res?.rows ?? [];
-        return res;
-      });
-    }
-    return r;
+    const config = typeof first === 'object' && first !== null ? (first as SentStatement) : undefined;
+    const values = config?.values ?? (Array.isArray(second) ? second : []);
+    sent.push({ text, values: [...values], ...(config?.name ? { name: config.name } : {}) });
+    return original.apply(this, args);
   };
   try {
     await fn();
@@ -69,18 +63,23 @@ export async function captureStatements(fn: () => Promise<void>): Promise<SentSt
 
 /**
  * A pgbench script of the captured statements and the variables of one client. `perClient`
- * maps a captured value (the capture task's id) to this client's; `versionParam` is the
- * captured expected version, replaced by `:version`, which the statement returning `version`
- * sets for the next transaction.
+ * maps a captured value (the capture task's id) to this client's; the captured expected
+ * version becomes `:version`, raised by one after its statement. `mode` is pgbench's -M:
+ * `prepared` when the store sent named (prepared) statements, `extended` otherwise.
  */
 export function pgbenchScript(
   sent: readonly SentStatement[],
   expectedVersion: number,
-): { script: string; values: (perClient: (v: string) => string) => string[] } {
+): {
+  script: string;
+  mode: 'prepared' | 'extended';
+  values: (perClient: (v: string) => string) => string[];
+} {
   const vars: { name: string; value: string }[] = [];
   let versionUses = 0;
   const lines = sent.map((s, i) => {
-    let text = s.text.replace(/\$(\d+)\b/g, (_, n: string) => {
+    const before = versionUses;
+    const text = s.text.replace(/\$(\d+)\b/g, (_, n: string) => {
       const v = s.values[Number(n) - 1];
       if (v === null || v === undefined) return 'NULL'; // pgbench has no NULL variable
       if (v === expectedVersion) {
@@ -91,26 +90,31 @@ export function pgbenchScript(
       vars.push({ name, value: typeof v === 'string' ? v : JSON.stringify(v) });
       return `:${name}`;
     });
-    text = text.trim().replace(/;$/, '');
-    const returnsVersion = s.rows.length === 1 && s.rows[0]!.version === expectedVersion + 1;
-    return returnsVersion ? `${text} \\gset` : `${text};`;
+    const statement = `${text.trim().replace(/;$/, '')};`;
+    return versionUses > before ? `${statement}\n\\set version :version + 1` : statement;
   });
-  if (versionUses !== 1 || !lines.some((l) => l.endsWith('\\gset'))) {
+  if (versionUses !== 1) {
     throw new Error(
       `cannot turn the captured update into a pgbench script: expected version ${expectedVersion} is ` +
-        `used ${versionUses} times (want 1), or no statement returned the new version`,
+        `a parameter ${versionUses} times (want 1)`,
     );
+  }
+  const named = sent.filter((s) => s.name).length;
+  if (named !== 0 && named !== sent.length) {
+    throw new Error(`the update sent ${named} of ${sent.length} statements prepared: pgbench has one -M`);
   }
   return {
     script: `${lines.join('\n')}\n`,
+    mode: named ? 'prepared' : 'extended',
     values: (perClient) => vars.flatMap((v) => ['-D', `${v.name}=${perClient(v.value)}`]),
   };
 }
 
-/** What pgbench did: transactions per second summed over its clients, and transactions done. */
+/** What pgbench did: transactions per second summed over its clients, and the transactions of each. */
 export interface PgbenchResult {
   tps: number;
   transactions: number;
+  perClient: number[];
 }
 
 /**
@@ -123,6 +127,7 @@ export async function runPgbench(o: {
   url: string;
   searchPath: string;
   script: string;
+  mode: 'prepared' | 'extended';
   seconds: number;
   clients: Array<{ args: string[]; version: number }>;
 }): Promise<PgbenchResult> {
@@ -137,8 +142,8 @@ export async function runPgbench(o: {
     };
     const runs = o.clients.map(
       (c) =>
-        new Promise<PgbenchResult>((resolve, reject) => {
-          const args = ['-n', '-M', 'extended', '-c', '1', '-j', '1', '-T', String(o.seconds), '-f', file];
+        new Promise<{ tps: number; transactions: number }>((resolve, reject) => {
+          const args = ['-n', '-M', o.mode, '-c', '1', '-j', '1', '-T', String(o.seconds), '-f', file];
           const p = spawn(o.bin, [...args, '-D', `version=${c.version}`, ...c.args, o.url], { env });
           let out = '';
           p.stdout.on('data', (d) => {
@@ -160,6 +165,7 @@ export async function runPgbench(o: {
     return {
       tps: results.reduce((s, r) => s + r.tps, 0),
       transactions: results.reduce((s, r) => s + r.transactions, 0),
+      perClient: results.map((r) => r.transactions),
     };
   } finally {
     await rm(dir, { recursive: true, force: true });
