@@ -1,5 +1,5 @@
 import { type Observations, observations, withObservations } from '../src/metrics/observations.js';
-import { contextFromHeaders, otel, withSpan } from '../src/tracing/otel.js';
+import { contextFromHeaders, noTracerRegistered, otel, withSpan } from '../src/tracing/otel.js';
 import type { InboxMessage } from './inboxMessage.js';
 
 /** What an inbox consumer observes for its histograms, once per message its handler applied. */
@@ -32,7 +32,11 @@ export function applyTracing(groupId: string): ApplyTracing {
       : undefined;
   return {
     async run(m, handle) {
-      if (!otel) {
+      // Without an SDK and without a traceparent, the no-op span would only carry the active
+      // context, which the handler runs in anyway: skipped, it saves ~2 µs of Node per message
+      // (bench/inbox.ts, same run). With a traceparent the span still carries the message's
+      // trace to what the handler enqueues, SDK or not.
+      if (!otel || (!m.headers.traceparent && noTracerRegistered())) {
         await handle();
       } else {
         const parent = contextFromHeaders(m.headers.traceparent, m.headers.tracestate);

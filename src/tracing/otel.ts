@@ -55,6 +55,21 @@ export function tracer(api: Api): OtelApi.Tracer {
   return api.trace.getTracer(TRACER_NAME, version);
 }
 
+/** What the global provider delegates to while no SDK is registered: the API's no-op (a singleton). */
+const noopProvider = otel ? new otel.ProxyTracerProvider().getDelegate() : undefined;
+
+/**
+ * True while no SDK is registered (or the API is absent): a span started now would be the
+ * API's no-op, which records nothing and only carries its parent's span context. A per-message
+ * caller may then skip the span when the parent is the active context anyway. Any provider
+ * this cannot recognise counts as registered.
+ */
+export function noTracerRegistered(): boolean {
+  if (!otel) return true;
+  const p = otel.trace.getTracerProvider();
+  return p instanceof otel.ProxyTracerProvider && p.getDelegate() === noopProvider;
+}
+
 const TRACEPARENT = /^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/;
 
 /** The W3C `traceparent` of a span context: `00-<trace id>-<span id>-<flags>`. */
