@@ -41,6 +41,7 @@ const DbOptionsSchema = z
     connectionTimeoutMillis: z.number().int().positive().optional(),
     applicationName: z.string().optional(),
     statementTimeoutMillis: z.number().int().nonnegative().optional(),
+    preparedStatements: z.boolean().optional(),
   })
   .strict()
   .superRefine((o, ctx) => {
@@ -90,6 +91,15 @@ interface CommonDbOptions {
    * migrated by Cairn 0.2 has them in `public`: pass `schema: 'public'` for it.
    */
   schema?: string;
+  /**
+   * Run Cairn's hottest statements (the task CAS) as named prepared statements, parsed and
+   * planned once per connection. Default: true on the pool Cairn makes from a connection
+   * string; false on the application's pool, whose connections Cairn does not control (a
+   * `DISCARD ALL` there would drop a statement pg still counts as prepared). Set false behind
+   * a PgBouncer in transaction mode that does not support prepared statements (before 1.21,
+   * or max_prepared_statements 0).
+   */
+  preparedStatements?: boolean;
 }
 
 /** Cairn makes and owns a pg pool for this connection string; `db.destroy()` ends it. */
@@ -154,9 +164,10 @@ export function createDb(options: DbOptions): Db {
     statementTimeoutMillis: o.statementTimeoutMillis ?? defaults.statementTimeoutMillis,
     connectionString: o.connectionString ?? poolConnectionString(o.pool),
     schema: o.schema ?? defaultSchema(),
+    preparedStatements: o.preparedStatements ?? o.pool === undefined,
   };
   const pool = o.pool
-    ? callerPool(o.pool, o.endPoolOnDestroy ?? false, settings.schema)
+    ? callerPool(o.pool, o.endPoolOnDestroy ?? false, settings.schema, settings.preparedStatements)
     : createPool({ ...settings, connectionString: o.connectionString! });
   const driver = new PostgresDialect({ pool }).createDriver();
   const dialect: Dialect = {

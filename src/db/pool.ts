@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import type { PostgresCursor, PostgresPool, PostgresPoolClient, PostgresQueryResult } from 'kysely';
 import pg from 'pg';
 import { ConfigurationError } from '../errors.js';
@@ -30,6 +31,51 @@ export interface PoolSettings {
   statementTimeoutMillis: number;
   /** Cairn's Postgres schema: first on every connection's search_path (see {@link searchPath}). */
   schema: string;
+  /** Run statements marked {@link PREPARED} as named prepared statements. */
+  preparedStatements: boolean;
+}
+
+/**
+ * The comment a hot statement starts with to run as a named prepared statement: Postgres then
+ * parses, rewrites and plans it once per connection instead of on every execution. kysely
+ * passes no statement name to pg, so the pool's clients recognise the mark. Off with
+ * `preparedStatements: false` (a PgBouncer in transaction mode without prepared statement
+ * support), when the comment is just a comment.
+ */
+export const PREPARED = '/* cairn:prepared */';
+
+const preparedNames = new Map<string, string>();
+
+/** A marked text's statement name: one per text (a handful, all Cairn's), the same on every connection. */
+function preparedName(text: string): string {
+  let name = preparedNames.get(text);
+  if (name === undefined) {
+    name = `cairn_${createHash('sha256').update(text).digest('hex').slice(0, 24)}`;
+    preparedNames.set(text, name);
+  }
+  return name;
+}
+
+/** pg's query config for a text: named when it is marked and the pool prepares. */
+function queryConfig(text: string, values: unknown[], prepared: boolean) {
+  return prepared && text.startsWith(PREPARED)
+    ? { name: preparedName(text), text, values }
+    : { text, values };
+}
+
+/**
+ * Makes a pg client of a Cairn pool run marked statements prepared: kysely calls
+ * `query(text, values)`; a marked text goes on as `{ name, text, values }`. The method is
+ * looked up on the prototype at each call, so whatever wraps pg's Client.query still sees it.
+ */
+function prepareMarked(client: { query: (...args: unknown[]) => unknown }): void {
+  const proto = Object.getPrototypeOf(client) as { query: (...args: unknown[]) => unknown };
+  client.query = function (this: unknown, config: unknown, values?: unknown, callback?: unknown) {
+    if (typeof config === 'string' && config.startsWith(PREPARED) && Array.isArray(values)) {
+      return proto.query.call(this, queryConfig(config, values, true), callback);
+    }
+    return proto.query.call(this, config, values, callback);
+  };
 }
 
 /** A schema name Cairn accepts: a plain lower-case identifier, so it never needs quoting. */
@@ -106,7 +152,10 @@ export function createPool(o: PoolSettings): PostgresPool {
   // A checked-out client whose server dies between two queries (a transaction in progress
   // when the primary crashes) emits 'error' with no pool listener attached: the next query
   // on it fails and the pool drops it; without this listener the process would crash.
-  pool.on('connect', (client) => client.on('error', () => {}));
+  pool.on('connect', (client) => {
+    client.on('error', () => {});
+    if (o.preparedStatements) prepareMarked(client as unknown as Parameters<typeof prepareMarked>[0]);
+  });
   return pool;
 }
 
@@ -146,7 +195,12 @@ export interface PgPoolClient {
  * returns to the pool (a second round trip, saved when the path already started with Cairn's
  * schema, as on a pool made with `options: '-c search_path=cairn,public'`).
  */
-export function callerPool(pool: PgPool, endPool: boolean, schema: string): PostgresPool {
+export function callerPool(
+  pool: PgPool,
+  endPool: boolean,
+  schema: string,
+  preparedStatements: boolean,
+): PostgresPool {
   const wrapped = new WeakMap<PgPoolClient, PostgresPoolClient>();
   /** The application's search_path of each client Cairn changed, put back when it is released. */
   const previousPath = new Map<PgPoolClient, string>();
@@ -167,7 +221,7 @@ export function callerPool(pool: PgPool, endPool: boolean, schema: string): Post
         // See createPool: a backend dying under a checked-out client must fail the next
         // query, not crash the process.
         client.on('error', () => {});
-        w = wrapClient(client, (destroy) => release(client, destroy));
+        w = wrapClient(client, (destroy) => release(client, destroy), preparedStatements);
         wrapped.set(client, w);
       }
       try {
@@ -193,7 +247,11 @@ export function callerPool(pool: PgPool, endPool: boolean, schema: string): Post
   };
 }
 
-function wrapClient(client: PgPoolClient, release: (destroy?: boolean) => void): PostgresPoolClient {
+function wrapClient(
+  client: PgPoolClient,
+  release: (destroy?: boolean) => void,
+  preparedStatements: boolean,
+): PostgresPoolClient {
   function query<R>(sql: string, parameters: ReadonlyArray<unknown>): Promise<PostgresQueryResult<R>>;
   function query<R>(cursor: PostgresCursor<R>): PostgresCursor<R>;
   function query<R>(
@@ -204,9 +262,8 @@ function wrapClient(client: PgPoolClient, release: (destroy?: boolean) => void):
       // Cairn configures no cursor; kysely only streams through one when the dialect has it.
       throw new TypeError('Cairn does not stream query results through a cursor');
     }
-    return client.query({ text: sqlOrCursor, values: [...(parameters ?? [])], types: cairnTypes }) as Promise<
-      PostgresQueryResult<R>
-    >;
+    const config = queryConfig(sqlOrCursor, [...(parameters ?? [])], preparedStatements);
+    return client.query({ ...config, types: cairnTypes }) as Promise<PostgresQueryResult<R>>;
   }
   return { query, release };
 }

@@ -1,0 +1,84 @@
+import { sql } from 'kysely';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createDb, type Db } from '../../src/db/database.js';
+import { createTaskStore } from '../../src/state/taskStore.js';
+import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+
+const actor = 'spiffe://acme.example/agents/planner';
+const newTask = (id: string) => ({
+  tenant_id: 'acme',
+  task_id: id,
+  workflow_digest: `sha256:${'0'.repeat(64)}`,
+  intent_id: `I-${id}`,
+});
+
+/** Updates a task `times` times through a store on `db` (one connection), then lists that connection's prepared statements. */
+async function casThenPrepared(db: Db, taskId: string, times: number): Promise<string[]> {
+  const tasks = createTaskStore({ db });
+  let version = (await tasks.create({ task: newTask(taskId), actor })).version;
+  for (let i = 0; i < times; i++) {
+    const r = await tasks.update({
+      taskId,
+      expectedVersion: version,
+      patch: { budget: { tokens_spent: i + 1 } },
+      actor,
+    });
+    if (!r.ok) throw r.error;
+    version = r.state.version;
+  }
+  const stale = await tasks.update({ taskId, expectedVersion: version - 1, patch: {}, actor });
+  expect(stale.ok).toBe(false); // a prepared CAS still refuses a stale version
+  const rows = await tasks.history(taskId);
+  expect(rows.map((r) => r.version)).toEqual(Array.from({ length: times + 1 }, (_, i) => i + 1));
+  const { rows: prepared } = await sql<{ name: string }>`SELECT name FROM pg_prepared_statements`.execute(db);
+  return prepared.map((p) => p.name);
+}
+
+describe('the task CAS as a named prepared statement', () => {
+  let tdb: TestDatabase;
+  beforeAll(async () => {
+    tdb = await createTestDatabase('prepared_cas');
+  });
+  afterAll(async () => {
+    await tdb?.drop();
+  });
+
+  it('is prepared once per connection by default: every version audited, a stale version refused', async () => {
+    const db = createDb({ connectionString: tdb.url, max: 1 });
+    try {
+      const names = await casThenPrepared(db, 'PREP-1', 8);
+      expect(names.filter((n) => n.startsWith('cairn_'))).toHaveLength(1);
+    } finally {
+      await db.destroy();
+    }
+  });
+
+  it('with preparedStatements: false (a PgBouncer in transaction mode) nothing is prepared, on a Cairn pool or the application one', async () => {
+    const own = createDb({ connectionString: tdb.url, max: 1, preparedStatements: false });
+    const pool = new pg.Pool({ connectionString: tdb.url, max: 1 });
+    const onPool = createDb({ pool, preparedStatements: false });
+    try {
+      expect(await casThenPrepared(own, 'PREP-2', 3)).toEqual([]);
+      expect(await casThenPrepared(onPool, 'PREP-3', 3)).toEqual([]);
+    } finally {
+      await own.destroy();
+      await onPool.destroy();
+      await pool.end();
+    }
+  });
+
+  it("runs prepared on the application's pg.Pool only when asked to (its connections are the application's)", async () => {
+    const pool = new pg.Pool({ connectionString: tdb.url, max: 1 });
+    const unasked = createDb({ pool });
+    expect(await casThenPrepared(unasked, 'PREP-5', 2)).toEqual([]);
+    await unasked.destroy();
+    const db = createDb({ pool, preparedStatements: true });
+    try {
+      expect((await casThenPrepared(db, 'PREP-4', 3)).filter((n) => n.startsWith('cairn_'))).toHaveLength(1);
+    } finally {
+      await db.destroy();
+      await pool.end();
+    }
+  });
+});
