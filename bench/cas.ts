@@ -106,7 +106,10 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
           const childS = (await reapedChildrenCpuS()) - childBefore;
           // Every transaction pgbench counted must have raised its task's version by one.
           for (const [w, id] of clientIds.entries()) {
-            const row = await fixed.get(id);
+            // Read from the row: pgbench's document keeps the version it was captured with.
+            const { rows } = await sql<{ version: number }>`
+              SELECT version FROM task_state WHERE task_id = ${id}`.execute(env.db);
+            const row = rows[0];
             if (row?.version !== created.version + m.result.perClient[w]!) {
               throw new Error(
                 `pgbench's CAS on ${id} did not swap every time: version ${row?.version} after ${m.result.perClient[w]} transactions`,

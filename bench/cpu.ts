@@ -160,10 +160,14 @@ export async function cpuDuring<T>(
       : undefined;
   const node = process.cpuUsage();
   const started = performance.now();
-  const result = await run();
+  let result: T;
+  try {
+    result = await run();
+  } finally {
+    clearInterval(poll);
+  }
   const seconds = (performance.now() - started) / 1000;
   const nodeUsed = process.cpuUsage(node);
-  clearInterval(poll);
   await polling;
   const childS = delta(await sumCpuS(children()), childBefore);
   const brokerAfter = await sumCpuS(src.brokerPids ?? []);

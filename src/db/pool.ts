@@ -42,7 +42,7 @@ export interface PoolSettings {
  * `preparedStatements: false` (a PgBouncer in transaction mode without prepared statement
  * support), when the comment is just a comment.
  */
-export const PREPARED = '/* cairn:prepared */';
+export const PREPARED = '/* cairn-prepared */';
 
 const preparedNames = new Map<string, string>();
 
