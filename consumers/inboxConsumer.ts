@@ -219,7 +219,8 @@ export function createInboxConsumerWithTestHooks(
       let seconds: number | undefined;
       try {
         seconds = await traced.run(m, () => handler(trx, m));
-        await mark.finish();
+        const stamped = mark.finish();
+        if (stamped) await stamped;
       } finally {
         mark.clear();
       }

@@ -199,7 +199,10 @@ export function createKafkaSubscriber(options: KafkaSubscriberOptions): Subscrib
           partition: batch.partition,
           messages: batch.messages.map((m) => {
             const headers: Record<string, string> = {};
-            for (const [k, v] of Object.entries(m.headers ?? {})) {
+            const raw = m.headers ?? {};
+            // for...in: no [key, value] array per header per message (Object.entries made them).
+            for (const k in raw) {
+              const v = raw[k];
               if (v !== undefined) headers[k] = Array.isArray(v) ? String(v[0]) : String(v);
             }
             return {

@@ -227,20 +227,23 @@ export const CONSUMED_RECORDS_HEADER = 'changelog-records-of-consumption';
 /**
  * Marks `trx` as the transaction applying `m` (consumers/inboxConsumer.ts): records written in
  * it name `m`. `finish` (after the handler, in the transaction) stamps them with how many there
- * were; `clear` ends the mark.
+ * were, and returns undefined when the handler wrote none (most messages: no promise to wait
+ * for); `clear` ends the mark.
  */
 export function markConsumed(
   trx: Executor,
   m: ConsumedMessage,
-): { finish: () => Promise<void>; clear: () => void } {
+): { finish: () => Promise<void> | undefined; clear: () => void } {
   const mark = { m, records: [] as string[] };
   consumedIn.set(trx, mark);
   return {
-    async finish() {
-      if (mark.records.length === 0) return;
-      await sql`
+    finish() {
+      if (mark.records.length === 0) return undefined;
+      return sql`
         UPDATE outbox SET headers = headers || jsonb_build_object(${CONSUMED_RECORDS_HEADER}::text, ${String(mark.records.length)}::text)
-         WHERE message_id = ANY(${`{${mark.records.join(',')}}`}::uuid[])`.execute(trx);
+         WHERE message_id = ANY(${`{${mark.records.join(',')}}`}::uuid[])`
+        .execute(trx)
+        .then(() => undefined);
     },
     clear: () => consumedIn.delete(trx),
   };
