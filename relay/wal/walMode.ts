@@ -93,6 +93,16 @@ export function createWalMode(o: {
       if (code === '42501' || code === '28000' || code === '28P01') {
         throw new ConfigurationError(`WAL relay: ${(err as Error).message}`, err);
       }
+      if (code === '42704') {
+        // The slot was dropped under us (by hand, or a failover to a server without it): make a
+        // new one. Nothing is lost: the lanes are held, so the table is read first.
+        log.warn({ slot }, 'the replication slot is gone; creating it again');
+        await prepareWal(db, { slot, publication }).catch((e: Error) =>
+          log.warn({ err: e.message, slot }, 'could not create the replication slot'),
+        );
+        retryAt = 0;
+        return;
+      }
       log.warn(
         { err: (err as Error).message, slot },
         'cannot stream the slot now (another relay streams it?); reading the outbox table meanwhile',

@@ -301,6 +301,39 @@ describe('issue 16: the relay in WAL mode', () => {
     await waitFor('the table to be empty', async () => (await backlog(d.db)) === 0, 30_000);
   }, 120_000);
 
+  it('the replication connection killed, then the slot dropped under the relay: it reads the table meanwhile, makes a new slot, streams again; nothing lost, order kept', async () => {
+    const d = await walDatabase('dropped');
+    const topic = await createTestTopic('wal-dropped', 3);
+    const keys = ['a', 'b', 'c', 'd'];
+    const relay = start(walRelay(d));
+    const streaming = () => relay.stats().wal?.streaming === true && relay.stats().wal?.heldLanes === 0;
+    await waitFor('the stream to start', async () => streaming(), 30_000);
+    await enqueue(d.db, topic, keys, 40);
+    // Kill its walsender and drop the slot (again if the relay took it back in between).
+    await waitFor(
+      'the slot to be dropped',
+      async () => {
+        await sql`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+                   WHERE slot_name = ${d.slot} AND active_pid IS NOT NULL`.execute(d.db);
+        return sql`SELECT pg_drop_replication_slot(${d.slot})`
+          .execute(d.db)
+          .then(() => true)
+          .catch(() => false);
+      },
+      30_000,
+    );
+    await enqueue(d.db, topic, keys, 40, 10);
+    await waitFor(
+      'a new slot, streamed',
+      async () => streaming() && (await slotLag(d.db, d.slot)) !== undefined,
+      30_000,
+    );
+    await enqueue(d.db, topic, keys, 40, 20);
+    const got = await readTopic(kafka, topic, (ms) => distinct(ms) >= 120, 60_000);
+    for (const k of keys) expect(firstDeliveries(got).get(k)).toHaveLength(30);
+    await waitFor('the table to be empty', async () => (await backlog(d.db)) === 0, 30_000);
+  }, 120_000);
+
   it('allVisible: a transaction still running is not visible, the same once committed (the sweep waits for it)', async () => {
     const d = await walDatabase('visible');
     const client = new pg.Client({ connectionString: d.url });
