@@ -81,8 +81,9 @@ export function outboxRowOf(insert: Pgoutput.MessageInsert): ClaimedRow {
     topic: text(raw, 'topic')!,
     key: text(raw, 'key')!,
     headers: parsedHeaders,
-    // A view of the replication chunk, not a copy: each chunk is a buffer of its own.
-    payload: raw.payload ? buf(raw.payload) : Buffer.alloc(0),
+    // A copy: the chunk is a view into pg-protocol's read buffer, which the next socket read
+    // overwrites when a message spans two reads (found by review: 30-45% of payloads under load).
+    payload: raw.payload ? Buffer.from(buf(raw.payload)) : Buffer.alloc(0),
     // 'infinity' is int64 max: not finite, as the polled row's extract(epoch) would say.
     created_ms:
       created === undefined || created === 0x7fffffffffffffffn || created === -0x8000000000000000n
