@@ -10,6 +10,7 @@ import * as m0008 from './0008_hardening.js';
 import * as m0009 from './0009_langgraph.js';
 import * as m0010 from './0010_console.js';
 import * as m0011 from './0011_inbox_owner_writes.js';
+import * as m0012 from './0012_outbox_safe_ids.js';
 
 /**
  * Every migration, in order. Imported statically (not read from the folder) so the same
@@ -28,6 +29,7 @@ export const migrations: Record<string, Migration> = {
   '0009_langgraph': m0009,
   '0010_console': m0010,
   '0011_inbox_owner_writes': m0011,
+  '0012_outbox_safe_ids': m0012,
 };
 
 export const migrationProvider: MigrationProvider = {

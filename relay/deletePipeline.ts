@@ -102,8 +102,12 @@ export function createDeletePipeline(o: {
     async finish() {
       const d = deleting;
       deleting = undefined;
-      if (d) await o.timed(d);
-      inFlight = [...retry];
+      try {
+        if (d) await o.timed(d);
+      } finally {
+        // Also when it failed: its rows are claimable again (the sweep or the new owner sends them).
+        inFlight = [...retry];
+      }
     },
   };
 }

@@ -164,16 +164,8 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       });
   }
 
-  const claim = (exclude: ReadonlyArray<{ id: number; lane: number }>) => {
-    const lanes = [...owned.keys()];
-    return claimBatch(db, {
-      lanes,
-      limit: batchSize,
-      maxBytes: maxBatchBytes,
-      exclude,
-      ...(walMode ? { maxIds: walMode.sweepBounds(lanes) } : {}),
-    });
-  };
+  const claim = (exclude: ReadonlyArray<{ id: number; lane: number }>) =>
+    claimBatch(db, { lanes: [...owned.keys()], limit: batchSize, maxBytes: maxBatchBytes, exclude });
 
   async function nextRows(): Promise<Claim> {
     const p = prefetch;
@@ -196,8 +188,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       await deletes.finish();
       return { n: 0, full: false };
     }
-    // (Not in the WAL mode: its sweep must know that a claim covered the lanes held at the time.)
-    if (full && !walMode) {
+    if (full) {
       prefetch = claim([...deletes.inFlight, ...rows.map((r) => ({ id: r.id, lane: r.lane }))]);
       prefetch.catch(() => {}); // awaited (or dropped) later; never an unhandled rejection
     }
@@ -255,7 +246,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       maxBatchBytes,
       stats,
       owned: () => owned,
-      sweep: processBatch,
+      timedClaim: (p) => timed('claim', p),
       publish: publishRows,
       deletes,
     });

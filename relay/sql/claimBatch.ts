@@ -75,8 +75,6 @@ export async function claimBatch(
     maxBytes?: number;
     /** Rows in flight (being published, or published and being deleted). */
     exclude?: ReadonlyArray<{ id: number; lane: number }>;
-    /** Per lane (same order as `lanes`), the highest id to claim: the WAL mode's sweep. Default: all. */
-    maxIds?: readonly number[];
   },
 ): Promise<Claim> {
   const { lanes, limit, exclude = [] } = args;
@@ -87,11 +85,10 @@ export async function claimBatch(
   const { rows } = await sql<ClaimedRow & { claimable: number }>`
     WITH c AS MATERIALIZED (
       SELECT o.id, o.size
-        FROM unnest(${intArray(lanes)}::int[], ${intArray(lanes.map((l) => base + (extra.get(l) ?? 0)))}::int[],
-                    ${intArray(args.maxIds ?? lanes.map(() => Number.MAX_SAFE_INTEGER))}::bigint[]) AS l(lane, n, max_id)
+        FROM unnest(${intArray(lanes)}::int[], ${intArray(lanes.map((l) => base + (extra.get(l) ?? 0)))}::int[]) AS l(lane, n)
        CROSS JOIN LATERAL (
          SELECT o.id, octet_length(o.payload) AS size FROM outbox o
-          WHERE o.lane >= l.lane AND o.lane <= l.lane AND o.id <= l.max_id
+          WHERE o.lane >= l.lane AND o.lane <= l.lane
             AND o.id <> ALL(${intArray(exclude.map((r) => r.id))}::bigint[])
             AND (NOT EXISTS (SELECT 1 FROM outbox_parked_key)
                  OR NOT EXISTS (SELECT 1 FROM outbox_parked_key p

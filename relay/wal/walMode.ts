@@ -3,10 +3,12 @@ import type { Db } from '../../src/db/database.js';
 import { ConfigurationError } from '../../src/errors.js';
 import type { Logger } from '../../src/logger.js';
 import type { DeletePipeline } from '../deletePipeline.js';
-import type { ClaimedRow } from '../sql/claimBatch.js';
+import { type Claim, type ClaimedRow, claimBatch } from '../sql/claimBatch.js';
+import { claimKeys } from '../sql/claimKeys.js';
 import type { RelayStats, RelayWalOptions } from '../types.js';
-import { createWalRouting, streamKeyOf } from './walRouting.js';
-import { lsnText } from './walRows.js';
+import { presentRows } from './walPresent.js';
+import { createWalRouting, keyParts, streamKeyOf } from './walRouting.js';
+import { lsnOf, lsnText, type StreamRow } from './walRows.js';
 import { checkName, DEFAULT_PUBLICATION, DEFAULT_SLOT, prepareWal } from './walSetup.js';
 import { startWalStream, type WalStream } from './walStream.js';
 import { allVisible } from './walVisibility.js';
@@ -25,11 +27,26 @@ export interface WalMode {
   wait(ms: number): Promise<void> | undefined;
   /** A step failed: what was taken from the stream is in the table, every lane goes through it. */
   holdAll(): void;
-  /** The sweep's claim bounds for these lanes. */
-  sweepBounds(lanes: readonly number[]): number[];
   stop(): Promise<void>;
   stats(): NonNullable<RelayStats['wal']>;
 }
+
+/**
+ * The slot can never be streamed again as it is: it was dropped, its publication was dropped
+ * and made again (its decoding fails at the gap for good), or it was invalidated
+ * (max_slot_wal_keep_size).
+ */
+function unstreamable(e: { code?: string; message: string }): boolean {
+  return (
+    e.code === '42704' ||
+    /can no longer get changes|publication .* does not exist|replication slot .* does not exist/.test(
+      e.message,
+    )
+  );
+}
+
+/** How long a streamed commit may stay invisible to new snapshots before its rows go through the table. */
+const VISIBLE_WITHIN_MS = 2000;
 
 export function createWalMode(o: {
   db: Db;
@@ -40,8 +57,8 @@ export function createWalMode(o: {
   stats: RelayStats;
   /** The lanes this relay owns now, with their tokens. */
   owned(): Map<number, number>;
-  /** One batch of the polling claim over the owned lanes (bounded by sweepBounds). */
-  sweep(): Promise<{ n: number; full: boolean }>;
+  /** Waits on a claim, counted in stats.waitMs.claim. */
+  timedClaim(p: Promise<Claim>): Promise<Claim>;
   /** Publishes rows in order, parks what can never go, deletes what went. */
   publish(rows: readonly ClaimedRow[]): Promise<void>;
   deletes: DeletePipeline;
@@ -61,63 +78,107 @@ export function createWalMode(o: {
     return new Set(rows.map((r) => streamKeyOf({ tenant_id: r.tenant, topic: r.topic, key: r.key })));
   }
 
+  /** Drops the slot and makes it again: it can no longer be streamed (nothing is lost, the lanes are held). */
+  async function remakeSlot(why: string): Promise<void> {
+    log.warn(
+      { slot, why },
+      'the replication slot cannot be streamed; making it again (the table covers the gap)',
+    );
+    // Its walsender may take a moment to end after the stream broke.
+    for (let i = 0; i < 20; i++) {
+      const { rows } = await sql<{ active: boolean }>`
+        SELECT active FROM pg_replication_slots WHERE slot_name = ${slot}`.execute(db);
+      if (rows.length === 0) break;
+      if (!rows[0]!.active) {
+        await sql`SELECT pg_drop_replication_slot(${slot})`.execute(db).catch(() => {});
+        break;
+      }
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    await prepareWal(db, { slot, publication }).catch((e: Error) =>
+      log.warn({ err: e.message, slot }, 'could not make the replication slot'),
+    );
+    retryAt = 0;
+  }
+
   async function ensureStream(): Promise<void> {
     if (stream && !stream.broken) return;
+    routing.holdAll();
     if (stream) {
+      const why = stream.broken;
       await stream.stop();
       stream = undefined;
-      routing.holdAll();
+      if (why && unstreamable(why)) return remakeSlot(why.message);
     }
     if (Date.now() < retryAt) return;
     retryAt = Date.now() + 2000;
     try {
-      const s = await startWalStream({
+      const { rows } = await sql<{ lsn: string | null }>`
+        SELECT confirmed_flush_lsn::text AS lsn FROM pg_replication_slots WHERE slot_name = ${slot}`.execute(
+        db,
+      );
+      if (rows.length === 0) return remakeSlot('it does not exist (dropped, or a server that never had it)');
+      stream = await startWalStream({
         connectionString: o.options.connectionString,
         slot,
         publication,
         schema,
         log,
+        ...(rows[0]!.lsn ? { confirmedFlush: lsnOf(rows[0]!.lsn)! } : {}),
       });
-      // Any id given out before now may be a row the stream delivers again (published, or
-      // skipped by an operator, before a crash): those go through the table.
-      const { rows } = await sql<{ last: string }>`
-        SELECT (CASE WHEN is_called THEN last_value ELSE last_value - 1 END)::text AS last FROM outbox_id_seq`.execute(
-        db,
-      );
-      routing.streamStarted(Number(rows[0]!.last));
-      stream = s;
+      routing.holdAll(); // rows may have been left in the table meanwhile: read it first
       log.info({ slot }, 'streaming the outbox from the WAL');
     } catch (err) {
-      const code = (err as { code?: string }).code;
+      const e = err as { code?: string; message: string };
       // No REPLICATION right, or pg_hba refuses replication: the mode cannot work as configured.
-      if (code === '42501' || code === '28000' || code === '28P01') {
-        throw new ConfigurationError(`WAL relay: ${(err as Error).message}`, err);
+      if (e.code === '42501' || e.code === '28000' || e.code === '28P01') {
+        throw new ConfigurationError(`WAL relay: ${e.message}`, err);
       }
-      if (code === '42704') {
-        // The slot was dropped under us (by hand, or a failover to a server without it): make a
-        // new one. Nothing is lost: the lanes are held, so the table is read first.
-        log.warn({ slot }, 'the replication slot is gone; creating it again');
-        await prepareWal(db, { slot, publication }).catch((e: Error) =>
-          log.warn({ err: e.message, slot }, 'could not create the replication slot'),
-        );
-        retryAt = 0;
-        return;
-      }
-      log.warn(
-        { err: (err as Error).message, slot },
-        'cannot stream the slot now (another relay streams it?); reading the outbox table meanwhile',
-      );
+      if (unstreamable(e)) return remakeSlot(e.message);
+      log.warn({ err: e.message, slot }, 'cannot stream the slot now; reading the outbox table meanwhile');
     }
   }
 
-  async function sweep(): Promise<{ n: number; full: boolean }> {
+  async function sweep(
+    what: { lanes: number[] } | { keys: string[] },
+  ): Promise<{ n: number; full: boolean }> {
     // A row the stream left to the table may not be visible yet: sweep once it is (walVisibility.ts).
-    if (!(await allVisible(db, routing.tableXids()))) return { n: 0, full: false };
+    const xids = routing.tableXids();
+    if (!(await allVisible(db, xids))) return { n: 0, full: false };
+    routing.visible(xids);
     const parkedBefore = await parkedKeys();
     routing.parked(parkedBefore);
-    const step = await o.sweep();
-    routing.swept({ full: step.full, parkedBefore, now: Date.now() });
-    return step;
+    const exclude = o.deletes.inFlight;
+    const claim = await o.timedClaim(
+      'lanes' in what
+        ? claimBatch(db, { lanes: what.lanes, limit: o.batchSize, maxBytes: o.maxBatchBytes, exclude })
+        : claimKeys(db, {
+            lanes: [...o.owned().keys()],
+            keys: what.keys.map(keyParts),
+            limit: o.batchSize,
+            exclude,
+          }),
+    );
+    if (claim.rows.length > 0) await o.publish(claim.rows);
+    else await o.deletes.finish();
+    routing.swept(what, { full: claim.full, parkedBefore, now: Date.now() });
+    return { n: claim.rows.length, full: claim.full };
+  }
+
+  /** The taken rows the table still has, once their transactions are visible; undefined: not visible in time. */
+  async function stillInTable(rows: readonly StreamRow[]): Promise<StreamRow[] | undefined> {
+    const xids = [...new Set(rows.map((r) => r.xid))];
+    const until = Date.now() + VISIBLE_WITHIN_MS;
+    for (;;) {
+      const { visible, present } = await presentRows(
+        db,
+        rows.map((r) => r.id),
+        xids,
+      );
+      if (visible) return rows.filter((r) => present.has(r.id));
+      if (Date.now() > until) return undefined;
+      await new Promise((r) => setTimeout(r, 2));
+    }
   }
 
   async function fromStream(s: WalStream): Promise<{ n: number; full: boolean }> {
@@ -131,9 +192,14 @@ export function createWalMode(o: {
     streamed += rows.length;
     let end: bigint | undefined;
     for (const row of rows) if (row.endLsn !== undefined) end = row.endLsn;
-    const publish = routing.route(rows);
-    if (publish.length > 0) await o.publish(publish);
-    // Every row taken is now acknowledged or in the table: the slot may drop them.
+    // A transaction too large to buffer: its rows are in the table, read every lane from there.
+    if (rows.some((r) => r.overflow)) routing.holdAll();
+    const routed = routing.route(rows);
+    const publish = routed.length > 0 ? await stillInTable(routed) : [];
+    if (publish === undefined)
+      routing.holdAll(); // not visible in time: the sweep reads them
+    else if (publish.length > 0) await o.publish(publish);
+    // Every row taken is now acknowledged, in the table, or gone from it: the slot may drop them.
     if (end !== undefined) s.confirm(end);
     return { n: rows.length, full: rows.length >= o.batchSize };
   }
@@ -145,9 +211,9 @@ export function createWalMode(o: {
     async step() {
       await ensureStream();
       routing.lanesOwned(o.owned());
-      if (!stream) routing.holdAll();
       const parkedSoFar = o.stats.parked;
-      const step = routing.sweepDue(Date.now()) || !stream ? await sweep() : await fromStream(stream);
+      const due = routing.sweepDue(Date.now());
+      const step = due ? await sweep(due) : stream ? await fromStream(stream) : { n: 0, full: false };
       // A key parked during the step: held until an operator releases it and a sweep drains it.
       if (o.stats.parked !== parkedSoFar) routing.parked(await parkedKeys());
       return step;
@@ -157,9 +223,6 @@ export function createWalMode(o: {
     },
     holdAll() {
       routing.holdAll();
-    },
-    sweepBounds(lanes) {
-      return routing.sweepBounds(lanes);
     },
     async stop() {
       await stream?.stop().catch(() => {});

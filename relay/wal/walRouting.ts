@@ -4,30 +4,30 @@ import type { StreamRow } from './walRows.js';
 export const streamKeyOf = (r: { tenant_id: string | null; topic: string; key: string }) =>
   `${r.tenant_id ?? ''}\u0000${r.topic}\u0000${r.key}`;
 
+export function keyParts(k: string): { tenant: string; topic: string; key: string } {
+  const [tenant, topic, key] = k.split('\u0000') as [string, string, string];
+  return { tenant, topic, key };
+}
+
 /**
- * Which rows the WAL stream may publish, and which wait for the sweep that reads the outbox
- * table, so that both never break a key's order.
+ * Which streamed rows the relay may publish at once, and which wait in the outbox table for a
+ * sweep, so that a key's order holds whichever path its rows take.
  *
  * The table is the authority (a row leaves it only after the broker's ack); the stream is a
- * faster way to learn of new rows. A streamed row goes through the table (the stream skips it,
- * the sweep publishes it) when its lane is held, or its key is, or it may be a row the stream
- * delivers again:
- * - a lane is held from the moment this relay takes it (another relay may have left rows in
- *   it) or (re)starts its stream, until a sweep drained the lane's rows from the table;
- * - a key is held while it is parked, and from the moment the stream skipped one of its rows
- *   until a sweep published every row of it the stream had delivered by then;
- * - a row with an id the sequence had given out before the stream started may be one that was
- *   published, or deleted by an operator (`cairn outbox skip`), before a crash: only the table
- *   says whether it is still to be sent.
- * A key's rows that wait in the table are published by the sweep in id order, and the stream
- * skips its later rows meanwhile: order per key holds whichever path a row takes.
+ * faster way to learn of new rows, and what it hands over is published only if the table
+ * still has it (relay/wal/walMode.ts checks). A streamed row waits for the sweep when:
+ * - its lane is held: from the moment this relay takes the lane (another relay may have left
+ *   rows in it) or (re)starts its stream, until a sweep of the lane's rows found no more;
+ * - its key is held: while the key is parked, and from the moment the stream left one of its
+ *   rows to the table until a sweep of that key's rows found no more.
+ * A held key's rows are published by the sweep in id order and its later streamed rows wait
+ * behind them; the sweep reads only held lanes and held keys, never a row the stream has yet
+ * to hand over, so commit order holds for the rest.
  */
 export interface WalRouting {
   /** Lanes now owned with their tokens: a lane new to this relay, or taken again (a new token), is held. */
   lanesOwned(owned: ReadonlyMap<number, number>): void;
-  /** The stream (re)started: every owned lane is held, and rows up to `lastIssuedId` go through the table. */
-  streamStarted(lastIssuedId: number): void;
-  /** A publish failed or the stream broke: everything goes through the table until the next drain. */
+  /** The stream (re)started, a publish failed, or a transaction was too large to buffer: every owned lane is held. */
   holdAll(): void;
   /** Keys now parked (the relay parked one, or the sweep read them): held until released and drained. */
   parked(keys: Iterable<string>): void;
@@ -41,42 +41,34 @@ export interface WalRouting {
    * visible (relay/wal/walVisibility.ts).
    */
   tableXids(): number[];
-  /** Whether the next step is a sweep of the table (a held lane, or the periodic one). */
-  sweepDue(now: number): boolean;
+  /** These transactions are visible to new snapshots: a sweep from now on sees their rows. */
+  visible(xids: readonly number[]): void;
+  /** The next sweep: the held lanes (at once), the held keys (periodically), or none. */
+  sweepDue(now: number): { lanes: number[] } | { keys: string[] } | undefined;
   /**
-   * Per lane, the highest id the sweep may claim: all of a held lane; else what the stream
-   * delivered, and every id given out before it started (a held key's rows may be among them).
+   * A sweep claimed (`full`: a limit cut it) with these keys parked when it started. A lanes
+   * sweep that got everything drained those lanes; a keys sweep, every held key not parked.
    */
-  sweepBounds(lanes: readonly number[]): number[];
-  /**
-   * A sweep claimed (`full`: a limit cut it) with these keys parked when it started. A sweep that
-   * got everything drained its held lanes and every held key no longer parked.
-   */
-  swept(o: { full: boolean; parkedBefore: ReadonlySet<string>; now: number }): void;
+  swept(
+    o: { lanes: readonly number[] } | { keys: readonly string[] },
+    r: { full: boolean; parkedBefore: ReadonlySet<string>; now: number },
+  ): void;
   /** For stats and tests. */
   readonly held: { lanes: ReadonlySet<number>; keys: ReadonlySet<string> };
 }
-
-const UNBOUNDED = Number.MAX_SAFE_INTEGER;
 
 export function createWalRouting(o: { sweepEveryMs: number }): WalRouting {
   let owned = new Map<number, number>();
   const heldLanes = new Set<number>();
   const heldKeys = new Set<string>();
-  let throughTableUpTo = UNBOUNDED; // until the stream starts, nothing is published from it
-  let maxStreamedId = 0;
-  let lastSweep = 0;
   const xids = new Set<number>();
+  let lastKeySweep = 0;
 
   return {
     lanesOwned(next) {
       for (const [lane, token] of next) if (owned.get(lane) !== token) heldLanes.add(lane);
       for (const lane of heldLanes) if (!next.has(lane)) heldLanes.delete(lane);
       owned = new Map(next);
-    },
-    streamStarted(lastIssuedId) {
-      throughTableUpTo = lastIssuedId;
-      for (const lane of owned.keys()) heldLanes.add(lane);
     },
     holdAll() {
       for (const lane of owned.keys()) heldLanes.add(lane);
@@ -87,15 +79,13 @@ export function createWalRouting(o: { sweepEveryMs: number }): WalRouting {
     route(rows) {
       const out: StreamRow[] = [];
       for (const r of rows) {
-        if (r.id > maxStreamedId) maxStreamedId = r.id;
         if (!owned.has(r.lane)) continue; // its owner reads it from the table
         if (heldLanes.has(r.lane)) {
           xids.add(r.xid); // the sweep reads it from the table
           continue;
         }
         const k = streamKeyOf(r);
-        if (r.id <= throughTableUpTo || heldKeys.has(k)) {
-          heldKeys.add(k);
+        if (heldKeys.has(k)) {
           xids.add(r.xid);
           continue;
         }
@@ -106,24 +96,25 @@ export function createWalRouting(o: { sweepEveryMs: number }): WalRouting {
     tableXids() {
       return [...xids];
     },
+    visible(seen) {
+      for (const x of seen) xids.delete(x);
+    },
     sweepDue(now) {
-      for (const lane of heldLanes) if (owned.has(lane)) return true;
+      const lanes = [...heldLanes].filter((l) => owned.has(l));
+      if (lanes.length > 0) return { lanes };
       // Held keys wait for the periodic sweep: a parked key may stay parked for days, and a
       // sweep on every step would starve the stream (every other key would wait behind it).
-      return now - lastSweep >= o.sweepEveryMs;
+      if (heldKeys.size > 0 && now - lastKeySweep >= o.sweepEveryMs) return { keys: [...heldKeys] };
+      return undefined;
     },
-    sweepBounds(lanes) {
-      // Rows the stream never delivered, or delivered to be read from the table, are the
-      // sweep's; a later row the stream has not delivered yet is left to it.
-      const bound = Math.max(maxStreamedId, throughTableUpTo);
-      return lanes.map((l) => (heldLanes.has(l) ? UNBOUNDED : bound));
-    },
-    swept({ full, parkedBefore, now }) {
+    swept(what, { full, parkedBefore, now }) {
+      if ('keys' in what) lastKeySweep = now;
       if (full) return;
-      lastSweep = now;
-      heldLanes.clear();
-      xids.clear();
-      for (const k of heldKeys) if (!parkedBefore.has(k)) heldKeys.delete(k);
+      if ('lanes' in what) {
+        for (const l of what.lanes) heldLanes.delete(l);
+        return;
+      }
+      for (const k of what.keys) if (!parkedBefore.has(k)) heldKeys.delete(k);
     },
     held: { lanes: heldLanes, keys: heldKeys },
   };

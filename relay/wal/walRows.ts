@@ -10,6 +10,11 @@ export interface StreamRow extends ClaimedRow {
   endLsn?: bigint;
   /** The transaction (32-bit xid) that wrote it: the sweep waits until it is visible (relay/wal/walRouting.ts). */
   xid: number;
+  /**
+   * Not a row: a transaction too large to buffer was dropped from memory; its rows are in the
+   * table, and the relay reads them from there (it holds every lane).
+   */
+  overflow?: true;
 }
 
 /** Postgres' epoch (2000-01-01) in Unix milliseconds: timestamptz is microseconds since it. */

@@ -54,7 +54,15 @@ export async function prepareWal(db: Db, o: { slot: string; publication: string 
                     WHERE t.pubname = p.pubname AND t.schemaname = ${schema} AND t.tablename = 'outbox') AS has_outbox
       FROM pg_publication p WHERE p.pubname = ${o.publication}`.execute(db);
   if (pub.rows.length === 0) {
-    await sql.raw(createPublication).execute(db).catch(refused(where, createPublication));
+    await sql
+      .raw(createPublication)
+      .execute(db)
+      .catch((err: unknown) => {
+        // Two relays starting at once: the other one created it (42710, or 23505 on the catalog).
+        const code = (err as { code?: string }).code;
+        if (code === '42710' || code === '23505') return;
+        return refused(where, createPublication)(err);
+      });
   } else if (!pub.rows[0]!.pubinsert || !pub.rows[0]!.has_outbox) {
     throw new ConfigurationError(
       `${where}: publication ${o.publication} exists but does not publish the inserts of ${schema}.outbox; ` +

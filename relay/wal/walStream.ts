@@ -29,6 +29,25 @@ export interface WalStream {
   stop(): Promise<void>;
 }
 
+function overflowMarker(xid: number): StreamRow {
+  return {
+    id: 0,
+    lane: -1,
+    message_id: '',
+    tenant_id: null,
+    task_id: null,
+    task_version: null,
+    task_seq: null,
+    topic: '',
+    key: '',
+    headers: {},
+    payload: Buffer.alloc(0),
+    created_ms: 0,
+    xid,
+    overflow: true,
+  };
+}
+
 /** pgoutput with `binary 'true'` (Postgres 14+): columns in their send format, the payload as its bytes. */
 class BinaryPgoutput extends PgoutputPlugin {
   constructor(private readonly publication: string) {
@@ -41,8 +60,16 @@ class BinaryPgoutput extends PgoutputPlugin {
   }
 }
 
-/** Buffered rows past which the connection is paused until the relay has taken half of them. */
+/** Buffered rows, or payload bytes, past which the connection is paused until the relay has taken half. */
 const HIGH_WATER_ROWS = 50_000;
+const HIGH_WATER_BYTES = 64 * 1024 * 1024;
+/**
+ * One transaction's rows are held until its commit arrives; past these, they are dropped from
+ * memory and the relay reads that transaction from the table instead (a tenant's
+ * `INSERT ... SELECT` of a million rows must not exhaust every relay, again at each restart).
+ */
+const MAX_OPEN_ROWS = 20_000;
+const MAX_OPEN_BYTES = 32 * 1024 * 1024;
 /** A standby status update at least this often, so wal_sender_timeout (60 s by default) never ends the stream. */
 const STATUS_EVERY_MS = 10_000;
 
@@ -58,6 +85,8 @@ export async function startWalStream(o: {
   /** Only inserts into this table (Cairn's outbox, in this schema) are taken; any other table added to the publication is ignored. */
   schema: string;
   log: Logger;
+  /** The slot's confirmed position as the server has it: reported from the start, so the server never times the stream out before the first confirm. */
+  confirmedFlush?: bigint;
 }): Promise<WalStream> {
   const service = new LogicalReplicationService(
     { connectionString: o.connectionString, application_name: `cairn-relay-wal` },
@@ -68,9 +97,12 @@ export async function startWalStream(o: {
   let head = 0;
   let open: StreamRow[] | undefined;
   let openXid = 0;
+  let openBytes = 0;
+  let overflowed = false;
+  let readyBytes = 0;
   let lastCommitEnd = 0n;
   let keepalive = 0n;
-  let confirmed = 0n;
+  let confirmed = o.confirmedFlush ?? 0n;
   let broken: Error | undefined;
   let paused = false;
   let wake: (() => void) | undefined;
@@ -96,18 +128,36 @@ export async function startWalStream(o: {
       case 'begin':
         open = [];
         openXid = m.xid;
+        openBytes = 0;
+        overflowed = false;
         break;
       case 'insert':
-        if (open && m.relation.name === 'outbox' && m.relation.schema === o.schema) {
-          open.push({ ...outboxRowOf(m), xid: openXid });
+        if (open && !overflowed && m.relation.name === 'outbox' && m.relation.schema === o.schema) {
+          const row = { ...outboxRowOf(m), xid: openXid };
+          open.push(row);
+          openBytes += row.payload.length;
+          if (open.length > MAX_OPEN_ROWS || openBytes > MAX_OPEN_BYTES) {
+            overflowed = true;
+            open = [];
+          }
         }
         break;
       case 'commit': {
         const end = lsnOf(m.commitEndLsn) ?? 0n;
+        if (overflowed) {
+          o.log.warn(
+            { xid: openXid },
+            'a transaction too large to buffer: the relay reads it from the table',
+          );
+          open = [overflowMarker(openXid)];
+        }
         if (open && open.length > 0) {
           open[open.length - 1]!.endLsn = end;
-          for (const r of open) ready.push(r);
-          if (!paused && ready.length - head > HIGH_WATER_ROWS) {
+          for (const r of open) {
+            ready.push(r);
+            readyBytes += r.payload.length;
+          }
+          if (!paused && (ready.length - head > HIGH_WATER_ROWS || readyBytes > HIGH_WATER_BYTES)) {
             paused = true;
             socket()?.pause?.();
           }
@@ -159,6 +209,7 @@ export async function startWalStream(o: {
         const r = ready[head]!;
         if (out.length > 0 && bytes + r.payload.length > maxBytes) break;
         bytes += r.payload.length;
+        readyBytes -= r.payload.length;
         out.push(r);
         head++;
       }
@@ -169,7 +220,7 @@ export async function startWalStream(o: {
         ready = ready.slice(head);
         head = 0;
       }
-      if (paused && ready.length - head < HIGH_WATER_ROWS / 2) {
+      if (paused && ready.length - head < HIGH_WATER_ROWS / 2 && readyBytes < HIGH_WATER_BYTES / 2) {
         paused = false;
         socket()?.resume?.();
       }

@@ -5,10 +5,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { sql } from 'kysely';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { createRelay, createRelayWithTestHooks, type Relay } from '../../relay/relay.js';
+import { createRelay, type Relay } from '../../relay/relay.js';
+import type { StreamRow } from '../../relay/wal/walRows.js';
 import { prepareWal } from '../../relay/wal/walSetup.js';
 import { startWalStream } from '../../relay/wal/walStream.js';
-import type { StreamRow } from '../../relay/wal/walRows.js';
 import { findPgBin, type PgServer, startPrimary } from '../../scripts/failover/pgCluster.js';
 import { createDb, type Db } from '../../src/db/database.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
@@ -18,7 +18,11 @@ import { createOutbox } from '../../src/outbox/outbox.js';
 import { createTestTopic, kafkaBrokers } from '../support/testDatabase.js';
 import { readTopic, waitFor } from '../support/topicReader.js';
 
-// Review of the relay's WAL mode (commits 317be29..7066536): findings as failing tests.
+// Issue 16: the adversarial review of the relay's WAL mode, each finding a test (each failed
+// against the first design): payloads overwritten in the parser's buffer, a row deleted by
+// the transaction that inserted it published, a slot or publication dropped under the relay,
+// a stream cut before its first confirm, a huge transaction buffered whole, two relays racing
+// to create the publication, a writer's own id past 2^53.
 
 const kafka = kafkaClient(kafkaBrokers(), 'wal-review-test');
 const outbox = createOutbox();
@@ -69,14 +73,7 @@ function walRelay(d: { url: string; db: Db; slot: string }): Relay {
   return relay;
 }
 
-/** A payload that says which row it is, of a length that varies (so messages straddle socket reads). */
-const payloadOf = (i: number) => {
-  const head = `row-${i}:`;
-  const fill = createHash('sha256').update(String(i)).digest('hex');
-  return Buffer.from((head + fill.repeat(40)).slice(0, 40 + ((i * 397) % 2500)));
-};
-
-describe('review: the relay in WAL mode', () => {
+describe('issue 16: the WAL mode against the adversarial review', () => {
   it('CORRUPTION (deterministic trigger): rows committed while the relay process is busy (event loop blocked, as by a GC pause or a large batch) keep their payloads once the stream reads them', async () => {
     const d = await walDatabase('alias3');
     const schema = await prepareWal(d.db, { slot: d.slot, publication: 'cairn_outbox' });
@@ -91,7 +88,12 @@ describe('review: the relay in WAL mode', () => {
     // The payload is a function of the key: md5(key) repeated, 32 to ~2,000 bytes.
     const expectedOf = (key: string) => {
       const g = Number(key.slice(1));
-      return Buffer.from(createHash('md5').update(String(g)).digest('hex').repeat(1 + (g % 60)));
+      return Buffer.from(
+        createHash('md5')
+          .update(String(g))
+          .digest('hex')
+          .repeat(1 + (g % 60)),
+      );
     };
     try {
       const rounds = 15;
@@ -142,7 +144,13 @@ describe('review: the relay in WAL mode', () => {
       30_000,
     );
     // Bursts committed while the relay is busy (psql runs synchronously: the event loop waits).
-    const schema = (await sql<{ s: string }>`SELECT n.nspname AS s FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'outbox'::regclass`.execute(d.db)).rows[0]!.s;
+    const schema = (
+      await sql<{
+        s: string;
+      }>`SELECT n.nspname AS s FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'outbox'::regclass`.execute(
+        d.db,
+      )
+    ).rows[0]!.s;
     const psql = join(findPgBin(), 'psql');
     const rounds = 10;
     const perRound = 200;
@@ -161,12 +169,17 @@ describe('review: the relay in WAL mode', () => {
     const n = rounds * perRound;
     const expectedOf = (key: string) => {
       const g = Number(key.slice(1));
-      return createHash('md5').update(String(g)).digest('hex').repeat(1 + (g % 60));
+      return createHash('md5')
+        .update(String(g))
+        .digest('hex')
+        .repeat(1 + (g % 60));
     };
     const got = await readTopic(kafka, topic, (ms) => new Set(ms.map((m) => m.key)).size >= n, 90_000);
     expect(new Set(got.map((m) => m.key)).size).toBe(n);
     const wrong = got.filter((m) => m.value !== expectedOf(m.key));
-    const show = wrong.slice(0, 2).map((m) => ({ key: m.key, got: m.value.slice(0, 40), want: expectedOf(m.key).slice(0, 40) }));
+    const show = wrong
+      .slice(0, 2)
+      .map((m) => ({ key: m.key, got: m.value.slice(0, 40), want: expectedOf(m.key).slice(0, 40) }));
     expect({ wrong: wrong.length, show }).toEqual({ wrong: 0, show: [] });
   }, 180_000);
 
@@ -227,26 +240,40 @@ describe('review: the relay in WAL mode', () => {
       30_000,
     );
     const schema = (
-      await sql<{ s: string }>`SELECT n.nspname AS s FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'outbox'::regclass`.execute(
+      await sql<{
+        s: string;
+      }>`SELECT n.nspname AS s FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'outbox'::regclass`.execute(
         d.db,
       )
     ).rows[0]!.s;
     await sql.raw('DROP PUBLICATION cairn_outbox').execute(d.db);
-    await d.db.transaction().execute((t) => outbox.enqueue(t, [{ topic, key: 'p', payload: Buffer.from('p:1') }]));
-    await sql.raw(`CREATE PUBLICATION cairn_outbox FOR TABLE ${schema}.outbox WITH (publish = 'insert')`).execute(d.db);
-    await d.db.transaction().execute((t) => outbox.enqueue(t, [{ topic, key: 'p', payload: Buffer.from('p:2') }]));
+    await d.db
+      .transaction()
+      .execute((t) => outbox.enqueue(t, [{ topic, key: 'p', payload: Buffer.from('p:1') }]));
+    await sql
+      .raw(`CREATE PUBLICATION cairn_outbox FOR TABLE ${schema}.outbox WITH (publish = 'insert')`)
+      .execute(d.db);
+    await d.db
+      .transaction()
+      .execute((t) => outbox.enqueue(t, [{ topic, key: 'p', payload: Buffer.from('p:2') }]));
     // Every row still goes (through the table): the stream is what breaks.
     const got = await readTopic(kafka, topic, (ms) => ms.some((m) => m.value === 'p:2'), 30_000);
     expect(got.map((m) => m.value)).toContain('p:2');
     const slotState = async () =>
       (
-        await sql<{ confirmed: string; now: string }>`SELECT confirmed_flush_lsn::text AS confirmed, pg_current_wal_lsn()::text AS now FROM pg_replication_slots WHERE slot_name = ${d.slot}`.execute(
+        await sql<{
+          confirmed: string;
+          now: string;
+        }>`SELECT confirmed_flush_lsn::text AS confirmed, pg_current_wal_lsn()::text AS now FROM pg_replication_slots WHERE slot_name = ${d.slot}`.execute(
           d.db,
         )
       ).rows[0];
     const before = await slotState();
     const serverSays = async () =>
-      (await server.logTail()).split('\n').filter((l) => /publication .* does not exist/.test(l)).slice(-1)[0] ?? '';
+      (await server.logTail())
+        .split('\n')
+        .filter((l) => /publication .* does not exist/.test(l))
+        .slice(-1)[0] ?? '';
     await waitFor(
       'the relay to stream again and confirm the slot past the repair',
       async () => {
@@ -259,14 +286,16 @@ describe('review: the relay in WAL mode', () => {
     });
   }, 120_000);
 
-  it('LIVENESS: a stream that has confirmed nothing yet (its lanes held while the broker is down at start, or a long first drain) answers the server\'s keepalives instead of being cut at wal_sender_timeout', async () => {
+  it("LIVENESS: a stream that has confirmed nothing yet (its lanes held while the broker is down at start, or a long first drain) answers the server's keepalives instead of being cut at wal_sender_timeout", async () => {
     const d = await walDatabase('timeout');
     const dbName = d.url.split('/').pop()!.split('?')[0];
     await server.query(`ALTER SYSTEM SET wal_sender_timeout = '3s'`);
     await server.query('SELECT pg_reload_conf()');
     try {
       // A row in the table, and a broker that refuses every publish (retriable): the lanes stay held.
-      await d.db.transaction().execute((t) => outbox.enqueue(t, [{ topic: 'never', key: 'k', payload: Buffer.from('x') }]));
+      await d.db
+        .transaction()
+        .execute((t) => outbox.enqueue(t, [{ topic: 'never', key: 'k', payload: Buffer.from('x') }]));
       const real = createKafkaPublisher({ brokers: kafkaBrokers() });
       const down = {
         address: real.address,
@@ -287,7 +316,12 @@ describe('review: the relay in WAL mode', () => {
       relays.push({ relay, done: relay.run() });
       await waitFor('the stream to start', async () => relay.stats().wal?.streaming === true, 30_000);
       const pid = async () =>
-        (await server.query<{ pid: number | null }>(`SELECT active_pid AS pid FROM pg_replication_slots WHERE slot_name = '${d.slot}'`, dbName))[0]?.pid;
+        (
+          await server.query<{ pid: number | null }>(
+            `SELECT active_pid AS pid FROM pg_replication_slots WHERE slot_name = '${d.slot}'`,
+            dbName,
+          )
+        )[0]?.pid;
       const pids = new Set<number>();
       const until = Date.now() + 10_000;
       while (Date.now() < until) {
@@ -296,14 +330,17 @@ describe('review: the relay in WAL mode', () => {
         await new Promise((r) => setTimeout(r, 200));
       }
       const cut = (await server.logTail()).split('\n').filter((l) => /replication timeout/.test(l)).length;
-      expect({ walsenders: pids.size, cutForTimeout: cut > 0 }).toEqual({ walsenders: 1, cutForTimeout: false }); // fails now: a new walsender every ~3 s (the stream cut, restarted)
+      expect({ walsenders: pids.size, cutForTimeout: cut > 0 }).toEqual({
+        walsenders: 1,
+        cutForTimeout: false,
+      }); // fails now: a new walsender every ~3 s (the stream cut, restarted)
     } finally {
       await server.query('ALTER SYSTEM RESET wal_sender_timeout');
       await server.query('SELECT pg_reload_conf()');
     }
   }, 120_000);
 
-  it('MEMORY: one transaction of 120,000 rows (a tenant\'s own INSERT ... SELECT) is not buffered whole: the stream holds at most its high-water mark (50,000 rows)', async () => {
+  it("MEMORY: one transaction of 120,000 rows (a tenant's own INSERT ... SELECT) is not buffered whole: the stream holds at most its high-water mark (50,000 rows)", async () => {
     const d = await walDatabase('bigtx');
     const schema = await prepareWal(d.db, { slot: d.slot, publication: 'cairn_outbox' });
     const stream = await startWalStream({
@@ -341,10 +378,10 @@ describe('review: the relay in WAL mode', () => {
       ]);
       for (const r of results) if (r.status === 'rejected') failures.push((r.reason as Error).message);
     }
-    expect(failures.join("; ")).toBe(""); // fails now when the two CREATE PUBLICATION race
+    expect(failures.join('; ')).toBe(''); // fails now when the two CREATE PUBLICATION race
   }, 180_000);
 
-  it('DUPLICATE (one writer\'s odd row costs everyone): a row with an explicit id past 2^53 in the same stream batch makes the relay republish the batch\'s other rows', async () => {
+  it("an explicit id past 2^53 (a writer's own SQL) is refused by the outbox (it made the relay republish its batch's other rows)", async () => {
     const d = await walDatabase('unsafe');
     const topic = await createTestTopic('wal-rev-unsafe', 1);
     const relay = walRelay(d);
@@ -354,24 +391,39 @@ describe('review: the relay in WAL mode', () => {
       30_000,
     );
     const schema = (
-      await sql<{ s: string }>`SELECT n.nspname AS s FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'outbox'::regclass`.execute(
+      await sql<{
+        s: string;
+      }>`SELECT n.nspname AS s FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'outbox'::regclass`.execute(
         d.db,
       )
     ).rows[0]!.s;
-    await d.db.transaction().execute(async (t) => {
-      await outbox.enqueue(t, [{ topic, key: 'victim', payload: Buffer.from('victim:1') }]);
-      // Another writer's own SQL (INSERT is granted on every column): an id of its choosing.
-      await sql
-        .raw(
-          `INSERT INTO ${schema}.outbox (id, lane, message_id, topic, key, payload)
+    await d.db
+      .transaction()
+      .execute((t) => outbox.enqueue(t, [{ topic, key: 'victim', payload: Buffer.from('victim:1') }]));
+    const refused = await d.db
+      .transaction()
+      .execute(async (t) => {
+        // Another writer's own SQL (INSERT is granted on every column): an id of its choosing.
+        await sql
+          .raw(
+            `INSERT INTO ${schema}.outbox (id, lane, message_id, topic, key, payload)
            VALUES (1152921504606846976, 0, gen_random_uuid(), '${topic}', 'odd', '\\x6f6464'::bytea)`,
-        )
-        .execute(t);
-    });
-    await new Promise((r) => setTimeout(r, 5000));
-    await d.db.transaction().execute((t) => outbox.enqueue(t, [{ topic, key: 'victim', payload: Buffer.from('victim:2') }]));
+          )
+          .execute(t);
+      })
+      .then(
+        () => undefined,
+        (e: { code?: string; message: string }) => e,
+      );
+    expect(refused?.code).toBe('23514');
+    expect(refused?.message).toMatch(/outbox_id_safe/);
+    await d.db
+      .transaction()
+      .execute((t) => outbox.enqueue(t, [{ topic, key: 'victim', payload: Buffer.from('victim:2') }]));
     const got = await readTopic(kafka, topic, (ms) => ms.some((m) => m.value === 'victim:2'), 30_000);
-    expect(got.filter((m) => m.value.startsWith('victim')).map((m) => m.value)).toEqual(['victim:1', 'victim:2']);
+    expect(got.filter((m) => m.value.startsWith('victim')).map((m) => m.value)).toEqual([
+      'victim:1',
+      'victim:2',
+    ]);
   }, 120_000);
-
 });
