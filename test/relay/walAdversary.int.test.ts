@@ -1,22 +1,20 @@
 import { execFileSync } from 'node:child_process';
-import { createHash, randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { createHash } from 'node:crypto';
 import { join } from 'node:path';
 import { sql } from 'kysely';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { createRelay, type Relay } from '../../relay/relay.js';
+import { describe, expect, it } from 'vitest';
+import { createRelay } from '../../relay/relay.js';
 import type { StreamRow } from '../../relay/wal/walRows.js';
 import { prepareWal } from '../../relay/wal/walSetup.js';
 import { startWalStream } from '../../relay/wal/walStream.js';
-import { findPgBin, type PgServer, startPrimary } from '../../scripts/failover/pgCluster.js';
-import { createDb, type Db } from '../../src/db/database.js';
-import { migrateToLatest } from '../../src/db/migrate.js';
+import { findPgBin } from '../../scripts/failover/pgCluster.js';
+import { createDb } from '../../src/db/database.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { silentLogger } from '../../src/logger.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { createTestTopic, kafkaBrokers } from '../support/testDatabase.js';
 import { readTopic, waitFor } from '../support/topicReader.js';
+import { useLogicalServer, type WalDatabase } from '../support/walServer.js';
 
 // Issue 16: the adversarial review of the relay's WAL mode, each finding a test (each failed
 // against the first design): payloads overwritten in the parser's buffer, a row deleted by
@@ -26,52 +24,10 @@ import { readTopic, waitFor } from '../support/topicReader.js';
 
 const kafka = kafkaClient(kafkaBrokers(), 'wal-review-test');
 const outbox = createOutbox();
-let server: PgServer;
-let root: string;
-const relays: Array<{ relay: Relay; done: Promise<void> }> = [];
-const dbs: Db[] = [];
-
-beforeAll(async () => {
-  root = mkdtempSync(join(tmpdir(), 'cairn-walrev-'));
-  server = await startPrimary(root, 'walrev', { walLevel: 'logical' });
-}, 120_000);
-afterEach(async () => {
-  for (const r of relays.splice(0)) {
-    await r.relay.stop();
-    await r.done.catch(() => {});
-  }
-  // The throw-away server has 8 slots: free the ones no relay streams any more.
-  await server
-    .query('SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active')
-    .catch(() => {});
-});
-afterAll(async () => {
-  for (const db of dbs) await db.destroy();
-  await server?.stop();
-  rmSync(root, { recursive: true, force: true });
-});
-
-async function walDatabase(label: string): Promise<{ url: string; db: Db; slot: string }> {
-  const name = `rev_${label}_${randomBytes(3).toString('hex')}`;
-  await server.query(`CREATE DATABASE ${name}`);
-  const url = server.url(name);
-  const db = createDb({ connectionString: url, max: 6 });
-  dbs.push(db);
-  await migrateToLatest(db);
-  return { url, db, slot: `slot_${name}` };
-}
-
-function walRelay(d: { url: string; db: Db; slot: string }): Relay {
-  const relay = createRelay({
-    db: d.db,
-    publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
-    maxIdleMs: 50,
-    leaseTtlMs: 3000,
-    wal: { connectionString: d.url, slot: d.slot, sweepEveryMs: 300 },
-  });
-  relays.push({ relay, done: relay.run() });
-  return relay;
-}
+const wal = useLogicalServer('walrev');
+const walDatabase = (label: string) => wal.database(label);
+/** A WAL relay on `d`, started. */
+const walRelay = (d: WalDatabase) => wal.start(wal.walRelay(d));
 
 describe('issue 16: the WAL mode against the adversarial review', () => {
   it('CORRUPTION (deterministic trigger): rows committed while the relay process is busy (event loop blocked, as by a GC pause or a large batch) keep their payloads once the stream reads them', async () => {
@@ -144,13 +100,7 @@ describe('issue 16: the WAL mode against the adversarial review', () => {
       30_000,
     );
     // Bursts committed while the relay is busy (psql runs synchronously: the event loop waits).
-    const schema = (
-      await sql<{
-        s: string;
-      }>`SELECT n.nspname AS s FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'outbox'::regclass`.execute(
-        d.db,
-      )
-    ).rows[0]!.s;
+    const schema = await wal.outboxSchema(d.db);
     const psql = join(findPgBin(), 'psql');
     const rounds = 10;
     const perRound = 200;
@@ -214,11 +164,11 @@ describe('issue 16: the WAL mode against the adversarial review', () => {
       'the slot to be dropped',
       async () => {
         try {
-          await server.query(
+          await wal.server.query(
             `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '${d.slot}' AND active_pid IS NOT NULL`,
             dbName,
           );
-          await server.query(`SELECT pg_drop_replication_slot('${d.slot}')`, dbName);
+          await wal.server.query(`SELECT pg_drop_replication_slot('${d.slot}')`, dbName);
           return true;
         } catch {
           return false;
@@ -239,13 +189,7 @@ describe('issue 16: the WAL mode against the adversarial review', () => {
       async () => relay.stats().wal?.streaming === true && relay.stats().wal?.heldLanes === 0,
       30_000,
     );
-    const schema = (
-      await sql<{
-        s: string;
-      }>`SELECT n.nspname AS s FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'outbox'::regclass`.execute(
-        d.db,
-      )
-    ).rows[0]!.s;
+    const schema = await wal.outboxSchema(d.db);
     await sql.raw('DROP PUBLICATION cairn_outbox').execute(d.db);
     await d.db
       .transaction()
@@ -270,7 +214,7 @@ describe('issue 16: the WAL mode against the adversarial review', () => {
       ).rows[0];
     const before = await slotState();
     const serverSays = async () =>
-      (await server.logTail())
+      (await wal.server.logTail())
         .split('\n')
         .filter((l) => /publication .* does not exist/.test(l))
         .slice(-1)[0] ?? '';
@@ -289,8 +233,8 @@ describe('issue 16: the WAL mode against the adversarial review', () => {
   it("LIVENESS: a stream that has confirmed nothing yet (its lanes held while the broker is down at start, or a long first drain) answers the server's keepalives instead of being cut at wal_sender_timeout", async () => {
     const d = await walDatabase('timeout');
     const dbName = d.url.split('/').pop()!.split('?')[0];
-    await server.query(`ALTER SYSTEM SET wal_sender_timeout = '3s'`);
-    await server.query('SELECT pg_reload_conf()');
+    await wal.server.query(`ALTER SYSTEM SET wal_sender_timeout = '3s'`);
+    await wal.server.query('SELECT pg_reload_conf()');
     try {
       // A row in the table, and a broker that refuses every publish (retriable): the lanes stay held.
       await d.db
@@ -313,11 +257,11 @@ describe('issue 16: the WAL mode against the adversarial review', () => {
         publishRetries: 0,
         wal: { connectionString: d.url, slot: d.slot, sweepEveryMs: 300 },
       });
-      relays.push({ relay, done: relay.run() });
+      wal.start(relay);
       await waitFor('the stream to start', async () => relay.stats().wal?.streaming === true, 30_000);
       const pid = async () =>
         (
-          await server.query<{ pid: number | null }>(
+          await wal.server.query<{ pid: number | null }>(
             `SELECT active_pid AS pid FROM pg_replication_slots WHERE slot_name = '${d.slot}'`,
             dbName,
           )
@@ -329,14 +273,16 @@ describe('issue 16: the WAL mode against the adversarial review', () => {
         if (p) pids.add(p);
         await new Promise((r) => setTimeout(r, 200));
       }
-      const cut = (await server.logTail()).split('\n').filter((l) => /replication timeout/.test(l)).length;
+      const cut = (await wal.server.logTail())
+        .split('\n')
+        .filter((l) => /replication timeout/.test(l)).length;
       expect({ walsenders: pids.size, cutForTimeout: cut > 0 }).toEqual({
         walsenders: 1,
         cutForTimeout: false,
       }); // fails now: a new walsender every ~3 s (the stream cut, restarted)
     } finally {
-      await server.query('ALTER SYSTEM RESET wal_sender_timeout');
-      await server.query('SELECT pg_reload_conf()');
+      await wal.server.query('ALTER SYSTEM RESET wal_sender_timeout');
+      await wal.server.query('SELECT pg_reload_conf()');
     }
   }, 120_000);
 
@@ -371,11 +317,11 @@ describe('issue 16: the WAL mode against the adversarial review', () => {
     for (let i = 0; i < 6; i++) {
       const d = await walDatabase(`prep${i}`);
       const other = createDb({ connectionString: d.url, max: 2 });
-      dbs.push(other);
       const results = await Promise.allSettled([
         prepareWal(d.db, { slot: d.slot, publication: 'cairn_outbox' }),
         prepareWal(other, { slot: d.slot, publication: 'cairn_outbox' }),
       ]);
+      await other.destroy();
       for (const r of results) if (r.status === 'rejected') failures.push((r.reason as Error).message);
     }
     expect(failures.join('; ')).toBe(''); // fails now when the two CREATE PUBLICATION race
@@ -390,13 +336,7 @@ describe('issue 16: the WAL mode against the adversarial review', () => {
       async () => relay.stats().wal?.streaming === true && relay.stats().wal?.heldLanes === 0,
       30_000,
     );
-    const schema = (
-      await sql<{
-        s: string;
-      }>`SELECT n.nspname AS s FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'outbox'::regclass`.execute(
-        d.db,
-      )
-    ).rows[0]!.s;
+    const schema = await wal.outboxSchema(d.db);
     await d.db
       .transaction()
       .execute((t) => outbox.enqueue(t, [{ topic, key: 'victim', payload: Buffer.from('victim:1') }]));

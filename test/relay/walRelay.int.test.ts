@@ -1,23 +1,18 @@
-import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { sql } from 'kysely';
 import pg from 'pg';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { relayMetrics } from '../../relay/metrics.js';
 import { createRelay, createRelayWithTestHooks, type Relay } from '../../relay/relay.js';
 import { slotLag } from '../../relay/wal/walSetup.js';
 import { allVisible } from '../../relay/wal/walVisibility.js';
-import { type PgServer, startPrimary } from '../../scripts/failover/pgCluster.js';
-import { createDb, type Db } from '../../src/db/database.js';
-import { migrateToLatest } from '../../src/db/migrate.js';
+import type { Db } from '../../src/db/database.js';
 import { ConfigurationError } from '../../src/errors.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { skipMessage } from '../../src/outbox/operator.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { createTestDatabase, createTestTopic, kafkaBrokers, uniqueTopic } from '../support/testDatabase.js';
 import { type ReadMessage, readTopic, waitFor } from '../support/topicReader.js';
+import { useLogicalServer, type WalDatabase } from '../support/walServer.js';
 
 // Issue 16 item 3: the relay's WAL mode, against a throw-away server with wal_level = logical.
 // The table stays the authority (a row leaves it only after the broker's ack); what these
@@ -27,53 +22,10 @@ import { type ReadMessage, readTopic, waitFor } from '../support/topicReader.js'
 
 const kafka = kafkaClient(kafkaBrokers(), 'wal-relay-test');
 const outbox = createOutbox();
-let server: PgServer;
-let root: string;
-const relays: Array<{ relay: Relay; done: Promise<void> }> = [];
-const dbs: Db[] = [];
-
-beforeAll(async () => {
-  root = mkdtempSync(join(tmpdir(), 'cairn-wal-'));
-  server = await startPrimary(root, 'wal', { walLevel: 'logical' });
-}, 120_000);
-afterEach(async () => {
-  for (const r of relays.splice(0)) {
-    await r.relay.stop();
-    await r.done.catch(() => {});
-  }
-});
-afterAll(async () => {
-  for (const db of dbs) await db.destroy();
-  await server?.stop();
-  rmSync(root, { recursive: true, force: true });
-});
-
-/** A migrated database of its own on the logical server, and a slot name no other test uses. */
-async function walDatabase(label: string): Promise<{ url: string; db: Db; slot: string }> {
-  const name = `wal_${label}_${randomBytes(3).toString('hex')}`;
-  await server.query(`CREATE DATABASE ${name}`);
-  const url = server.url(name);
-  const db = createDb({ connectionString: url, max: 6 });
-  dbs.push(db);
-  await migrateToLatest(db);
-  return { url, db, slot: `slot_${name}` };
-}
-
-function start(relay: Relay): Relay {
-  relays.push({ relay, done: relay.run() });
-  return relay;
-}
-
-function walRelay(d: { url: string; db: Db; slot: string }, extra: { instanceId?: string } = {}): Relay {
-  return createRelay({
-    db: d.db,
-    publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
-    maxIdleMs: 50,
-    leaseTtlMs: 3000,
-    wal: { connectionString: d.url, slot: d.slot, sweepEveryMs: 300 },
-    ...extra,
-  });
-}
+const wal = useLogicalServer('wal');
+const walDatabase = (label: string) => wal.database(label);
+const start = (relay: Relay) => wal.start(relay);
+const walRelay = (d: WalDatabase, extra: { instanceId?: string } = {}) => wal.walRelay(d, extra);
 
 /** Messages of `keys` keys, `n` in all, numbered per key in the payload ("key:seq"). */
 async function enqueue(db: Db, topic: string, keys: string[], n: number, from = 0): Promise<void> {
@@ -153,8 +105,7 @@ describe('issue 16: the relay in WAL mode', () => {
     // Create the slot, then stop: what follows is in the WAL past the slot's position.
     const first = start(walRelay(d));
     await waitFor('the stream to start', async () => first.stats().wal?.streaming === true, 30_000);
-    await first.stop();
-    relays.length = 0;
+    await first.stop(); // (stopping it again after the test does nothing)
     const ids = await d.db.transaction().execute((t) =>
       outbox.enqueue(t, [
         { topic, key: 'a', payload: Buffer.from('a:1') },
@@ -379,7 +330,7 @@ describe('issue 16: the relay in WAL mode', () => {
       }),
     ).toThrow(/wal\.slot.*lower-case/);
     const other = await walDatabase('names_other');
-    await server.query(
+    await wal.server.query(
       `SELECT pg_create_logical_replication_slot('${other.slot}', 'pgoutput')`,
       other.url.split('/').pop(),
     );
