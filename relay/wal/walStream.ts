@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import { LogicalReplicationService, type Pgoutput, PgoutputPlugin } from 'pg-logical-replication';
+import { UnavailableError } from '../../src/errors.js';
 import type { Logger } from '../../src/logger.js';
 import { lsnOf, lsnText, outboxRowOf, type StreamRow } from './walRows.js';
 
@@ -186,7 +187,7 @@ export async function startWalStream(o: {
   const started = new Promise<void>((resolve, reject) => {
     service.once('start', () => resolve());
     service.subscribe(new BinaryPgoutput(o.publication), o.slot).then(
-      () => fail(new Error('the replication stream ended')),
+      () => fail(new UnavailableError('the replication stream ended')),
       (err: Error) => {
         reject(err);
         fail(err);
@@ -260,7 +261,7 @@ export async function startWalStream(o: {
     },
     async stop() {
       clearInterval(timer);
-      broken ??= new Error('stopped');
+      broken ??= new UnavailableError('the replication stream was stopped');
       signal();
       await service.destroy().catch(() => {});
     },

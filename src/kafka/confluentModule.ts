@@ -6,10 +6,10 @@ import { ConfigurationError } from '../errors.js';
  * nothing here names its types (they are not there to check against without it). These are
  * the few parts of its API the adapters use.
  */
-export interface RdKafkaError extends Error {
+export type RdKafkaError = Error & {
   code: number;
   origin?: string;
-}
+};
 
 export interface DeliveryReport {
   topic: string;

@@ -1,22 +1,10 @@
 import { CairnError, CairnErrorCodes } from '../errors.js';
-import type { Logger } from '../logger.js';
-import { untilReachable } from '../startup/untilReachable.js';
-import { isKafkaConfigurationError } from './classifyError.js';
 import { type KafkaJsBatchPayload, type KafkaJsConsumer, loadConfluent } from './confluentModule.js';
-import type { ReceivedBatch, ReceivedMessage, Subscriber } from './subscriber.js';
+import { startWhenReachable } from './startConsumer.js';
+import type { ClientSubscriberOptions, ReceivedBatch, ReceivedMessage, Subscriber } from './subscriber.js';
 
 /** What createKafkaSubscriber hands over once it chose this client. */
-export interface ConfluentSubscriberOptions {
-  brokers: string[];
-  groupId: string;
-  topics: string[];
-  clientId: string;
-  fromBeginning: boolean;
-  sessionTimeoutMs: number;
-  /** Fails fast when no broker answers; checks (or creates) the topics. */
-  probe: () => Promise<void>;
-  log: Logger;
-}
+export type ConfluentSubscriberOptions = ClientSubscriberOptions;
 
 /** Batches handled at once, one partition each (as the kafkajs subscriber). */
 const CONCURRENT_PARTITIONS = 3;
@@ -101,28 +89,20 @@ export function createConfluentSubscriber(opts: ConfluentSubscriberOptions): Sub
     async run(eachBatch) {
       stopped = false;
       stopWaiting = new AbortController();
-      const started = await untilReachable(
-        async () => {
-          await opts.probe();
-          try {
-            await start(eachBatch);
-          } catch (err) {
-            await consumer?.disconnect().catch(() => {});
-            consumer = undefined;
-            throw err;
-          }
+      const started = await startWhenReachable({
+        brokers: opts.brokers,
+        log: opts.log,
+        signal: stopWaiting.signal,
+        probe: opts.probe,
+        start: () => start(eachBatch),
+        close: async () => {
+          await consumer?.disconnect().catch(() => {});
+          consumer = undefined;
         },
-        {
-          dependency: 'kafka',
-          address: opts.brokers.join(','),
-          logger: opts.log,
-          isConfigurationError: isKafkaConfigurationError,
-          signal: stopWaiting.signal,
-          onWaiting: (w) => {
-            waiting = w;
-          },
+        waiting: (w) => {
+          waiting = w;
         },
-      );
+      });
       if (started !== 'stopped' && stopped) {
         // stop() came while the last attempt was connecting: it found no consumer to stop.
         await consumer?.disconnect().catch(() => {});

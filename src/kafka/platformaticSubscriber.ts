@@ -1,24 +1,13 @@
 import { Consumer, type Message, type MessagesStream, stringDeserializer } from '@platformatic/kafka';
 import { CairnError, CairnErrorCodes, UnavailableError } from '../errors.js';
-import type { Logger } from '../logger.js';
-import { untilReachable } from '../startup/untilReachable.js';
-import { isKafkaConfigurationError } from './classifyError.js';
-import type { ReceivedBatch, ReceivedMessage, Subscriber } from './subscriber.js';
+import { startWhenReachable } from './startConsumer.js';
+import type { ClientSubscriberOptions, ReceivedBatch, ReceivedMessage, Subscriber } from './subscriber.js';
 
 type Received = Message<string | undefined, Buffer | undefined, string, string | undefined>;
 
 /** What createKafkaSubscriber hands over once it chose this client. */
-export interface PlatformaticSubscriberOptions {
-  brokers: string[];
-  groupId: string;
-  topics: string[];
-  clientId: string;
-  fromBeginning: boolean;
-  sessionTimeoutMs: number;
-  /** Fails fast when no broker answers; checks (or creates) the topics. */
-  probe: () => Promise<void>;
+export interface PlatformaticSubscriberOptions extends ClientSubscriberOptions {
   onRestart?: (error: Error, attempt: number) => void;
-  log: Logger;
 }
 
 /** Batches handled at once, one partition each (kafkajs's partitionsConsumedConcurrently). */
@@ -241,27 +230,19 @@ export function createPlatformaticSubscriber(opts: PlatformaticSubscriberOptions
       stopped = false;
       stopWaiting = new AbortController();
       let crashed: Promise<Error> | undefined;
-      const started = await untilReachable(
-        async () => {
-          await opts.probe();
-          try {
-            ({ crashed } = await start(eachBatch));
-          } catch (err) {
-            await close();
-            throw err;
-          }
+      const started = await startWhenReachable({
+        brokers: opts.brokers,
+        log: opts.log,
+        signal: stopWaiting.signal,
+        probe: opts.probe,
+        start: async () => {
+          ({ crashed } = await start(eachBatch));
         },
-        {
-          dependency: 'kafka',
-          address: opts.brokers.join(','),
-          logger: opts.log,
-          isConfigurationError: isKafkaConfigurationError,
-          signal: stopWaiting.signal,
-          onWaiting: (w) => {
-            waiting = w;
-          },
+        close,
+        waiting: (w) => {
+          waiting = w;
         },
-      );
+      });
       if (started === 'stopped' || !crashed) return;
       if (stopped) {
         await close();

@@ -2,14 +2,13 @@ import type { Consumer } from 'kafkajs';
 import { z } from 'zod';
 import { type Logger, silentLogger } from '../logger.js';
 import { opt, optionsSchema, parseOptions } from '../options.js';
-import { untilReachable } from '../startup/untilReachable.js';
 import { kafkaAdminOf } from './admin.js';
-import { isKafkaConfigurationError } from './classifyError.js';
 import { defaultKafkaClient, type KafkaClientName, kafkaClientNames } from './clientChoice.js';
 import { createConfluentSubscriber } from './confluentSubscriber.js';
 import { type CreateTopicsOptions, ensureTopics } from './ensureTopics.js';
 import { createPlatformaticSubscriber } from './platformaticSubscriber.js';
 import { kafkaClient } from './publisher.js';
+import { startWhenReachable } from './startConsumer.js';
 
 export type { CreateTopicsOptions } from './ensureTopics.js';
 
@@ -104,6 +103,19 @@ const KafkaSubscriberOptionsSchema = optionsSchema<KafkaSubscriberOptions>()(
     client: z.enum(kafkaClientNames).optional(),
   }),
 );
+
+/** What createKafkaSubscriber hands over to the subscriber of another client once it chose it. */
+export interface ClientSubscriberOptions {
+  brokers: string[];
+  groupId: string;
+  topics: string[];
+  clientId: string;
+  fromBeginning: boolean;
+  sessionTimeoutMs: number;
+  /** Fails fast when no broker answers; checks (or creates) the topics. */
+  probe: () => Promise<void>;
+  log: Logger;
+}
 
 /**
  * Makes a kafkajs Subscriber for one consumer group; nothing connects until run(), and
@@ -236,27 +248,21 @@ export function createKafkaSubscriber(options: KafkaSubscriberOptions): Subscrib
       stopped = false;
       stopWaiting = new AbortController();
       let crashed: Promise<Error> | undefined;
-      const started = await untilReachable(
-        async () => {
-          await probe();
-          try {
-            ({ crashed } = await start(eachBatch));
-          } catch (err) {
-            await consumer?.disconnect().catch(() => {});
-            throw err;
-          }
+      const started = await startWhenReachable({
+        brokers: opts.brokers,
+        log,
+        signal: stopWaiting.signal,
+        probe,
+        start: async () => {
+          ({ crashed } = await start(eachBatch));
         },
-        {
-          dependency: 'kafka',
-          address: opts.brokers.join(','),
-          logger: log,
-          isConfigurationError: isKafkaConfigurationError,
-          signal: stopWaiting.signal,
-          onWaiting: (w) => {
-            waiting = w;
-          },
+        close: async () => {
+          await consumer?.disconnect().catch(() => {});
         },
-      );
+        waiting: (w) => {
+          waiting = w;
+        },
+      });
       if (started === 'stopped' || !crashed) return;
       if (stopped) {
         // stop() came while the last attempt was connecting: it found no consumer to stop.
