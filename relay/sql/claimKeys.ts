@@ -14,6 +14,8 @@ export async function claimKeys(
     lanes: readonly number[];
     keys: ReadonlyArray<{ tenant: string; topic: string; key: string }>;
     limit: number;
+    /** Payload bytes per claim, as claimBatch's (the first row always). */
+    maxBytes?: number;
     exclude?: ReadonlyArray<{ id: number; lane: number }>;
   },
 ): Promise<Claim> {
@@ -36,6 +38,16 @@ export async function claimKeys(
      ORDER BY o.id
      LIMIT ${args.limit + 1}
   `.execute(db);
-  const full = rows.length > args.limit;
-  return { rows: full ? rows.slice(0, args.limit) : rows, full };
+  let full = rows.length > args.limit;
+  const kept: ClaimedRow[] = [];
+  let bytes = 0;
+  for (const r of rows.slice(0, args.limit)) {
+    if (kept.length > 0 && bytes + r.payload.length > (args.maxBytes ?? Number.MAX_SAFE_INTEGER)) {
+      full = true;
+      break;
+    }
+    bytes += r.payload.length;
+    kept.push(r);
+  }
+  return { rows: kept, full };
 }

@@ -144,7 +144,10 @@ export function createWalMode(o: {
   ): Promise<{ n: number; full: boolean }> {
     // A row the stream left to the table may not be visible yet: sweep once it is (walVisibility.ts).
     const xids = routing.tableXids();
-    if (!(await allVisible(db, xids))) return { n: 0, full: false };
+    if (!(await allVisible(db, xids))) {
+      await new Promise((r) => setTimeout(r, 2)); // not the stream's wait: it returns at once while rows are buffered
+      return { n: 0, full: false };
+    }
     routing.visible(xids);
     const parkedBefore = await parkedKeys();
     routing.parked(parkedBefore);
@@ -156,6 +159,7 @@ export function createWalMode(o: {
             lanes: [...o.owned().keys()],
             keys: what.keys.map(keyParts),
             limit: o.batchSize,
+            maxBytes: o.maxBatchBytes,
             exclude,
           }),
     );
@@ -189,16 +193,26 @@ export function createWalMode(o: {
       s.confirmIdle();
       return { n: 0, full: false };
     }
-    streamed += rows.length;
+    streamed += rows.filter((r) => !r.overflow).length;
     let end: bigint | undefined;
     for (const row of rows) if (row.endLsn !== undefined) end = row.endLsn;
-    // A transaction too large to buffer: its rows are in the table, read every lane from there.
-    if (rows.some((r) => r.overflow)) routing.holdAll();
-    const routed = routing.route(rows);
+    // A transaction too large to buffer: its rows are in the table, read every lane from there
+    // (once its commit is visible).
+    const overflow = rows.filter((r) => r.overflow);
+    if (overflow.length > 0) {
+      routing.holdAll();
+      routing.waitForXids(overflow.map((r) => r.xid));
+    }
+    // A row this relay is deleting (sent by its sweep a moment ago) is still in the table until
+    // the delete commits: it must not go a second time.
+    const deleting = new Set(o.deletes.inFlight.map((r) => r.id));
+    const routed = routing.route(rows).filter((r) => !deleting.has(r.id));
     const publish = routed.length > 0 ? await stillInTable(routed) : [];
-    if (publish === undefined)
-      routing.holdAll(); // not visible in time: the sweep reads them
-    else if (publish.length > 0) await o.publish(publish);
+    if (publish === undefined) {
+      // Not visible in time (a synchronous standby far behind): the sweep reads them, once visible.
+      routing.holdAll();
+      routing.waitForXids(routed.map((r) => r.xid));
+    } else if (publish.length > 0) await o.publish(publish);
     // Every row taken is now acknowledged, in the table, or gone from it: the slot may drop them.
     if (end !== undefined) s.confirm(end);
     return { n: rows.length, full: rows.length >= o.batchSize };

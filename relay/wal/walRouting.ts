@@ -43,6 +43,8 @@ export interface WalRouting {
   tableXids(): number[];
   /** These transactions are visible to new snapshots: a sweep from now on sees their rows. */
   visible(xids: readonly number[]): void;
+  /** The sweep must also wait for these (rows of theirs left to the table outside route()). */
+  waitForXids(xids: Iterable<number>): void;
   /** The next sweep: the held lanes (at once), the held keys (periodically), or none. */
   sweepDue(now: number): { lanes: number[] } | { keys: string[] } | undefined;
   /**
@@ -98,6 +100,9 @@ export function createWalRouting(o: { sweepEveryMs: number }): WalRouting {
     },
     visible(seen) {
       for (const x of seen) xids.delete(x);
+    },
+    waitForXids(more) {
+      for (const x of more) xids.add(x);
     },
     sweepDue(now) {
       const lanes = [...heldLanes].filter((l) => owned.has(l));

@@ -139,11 +139,22 @@ describe('an outbox row whose created_at no Date can hold', () => {
     const { asA, app } = await twoTenants(tdb);
     const topic = await createTestTopic('bad-created-at', 1);
     try {
-      // A tenant's own SQL may set created_at: to +/-infinity, or a year past what a JS Date holds.
-      for (const [i, at] of ['infinity', '-infinity', '275761-01-01'].entries()) {
+      // A tenant's own SQL may no longer set created_at (migration 0012: tenants insert the
+      // library's columns only); rows from before, or the owner's, may hold +/-infinity, or a
+      // year past what a JS Date holds.
+      const refused =
         await sql`INSERT INTO outbox (lane, message_id, topic, key, headers, payload, created_at)
-                  VALUES (${laneOf(`a${i}`)}, gen_random_uuid(), ${topic}, ${`a${i}`}, '{}', '\\x7b7d', ${at}::timestamptz)`.execute(
-          asA,
+                  VALUES (0, gen_random_uuid(), ${topic}, 'a', '{}', '\\x7b7d', 'infinity')`
+          .execute(asA)
+          .then(
+            () => undefined,
+            (e: { code?: string }) => e.code,
+          );
+      expect(refused).toBe('42501');
+      for (const [i, at] of ['infinity', '-infinity', '275761-01-01'].entries()) {
+        await sql`INSERT INTO outbox (lane, message_id, tenant_id, topic, key, headers, payload, created_at)
+                  VALUES (${laneOf(`a${i}`)}, gen_random_uuid(), 'tenant-a', ${topic}, ${`a${i}`}, '{}', '\\x7b7d', ${at}::timestamptz)`.execute(
+          tdb.db,
         );
       }
       await tdb.db.transaction().execute((t) =>
