@@ -44,12 +44,27 @@ export async function insertInboxRows(
     ON CONFLICT (consumer_group, (coalesce(tenant_id, '')), message_id) DO NOTHING
   `.execute(trx);
   if (Number(inserted.numAffectedRows) === rows.length) return new Set(distinct.keys());
-  const { rows: fresh } = await sql<{ message_id: string; tenant_id: string | null }>`
-    SELECT message_id, tenant_id FROM inbox
-     WHERE consumer_group = ${groupId} AND message_id = ANY(${ids}::text[])
-       AND xmin = pg_current_xact_id()::xid
-  `.execute(trx);
+  const { rows: fresh } = await writtenByThisTransaction(groupId, rows).execute(trx);
   return new Set(fresh.map((r) => inboxKey({ messageId: r.message_id, tenantId: r.tenant_id ?? undefined })));
+}
+
+/**
+ * Which of these rows this transaction inserted. Looked up by the whole unique key, (group,
+ * tenant, id) pair by pair, so each pair is one probe of the unique index: keyed by group and
+ * id alone, the index (group, coalesce(tenant_id, ''), id) narrows only to the group (Postgres
+ * 15 has no skip scan) and the read-back walks every row the group retains, on the redelivery
+ * path a slow consumer takes (test/inbox/insertInboxRows.int.test.ts counts the buffers).
+ */
+export function writtenByThisTransaction(
+  groupId: string,
+  rows: readonly Pick<Recorded, 'messageId' | 'tenantId'>[],
+) {
+  return sql<{ message_id: string; tenant_id: string | null }>`
+    SELECT i.message_id, i.tenant_id
+      FROM unnest(${rows.map((m) => m.tenantId ?? '')}::text[], ${rows.map((m) => m.messageId)}::text[]) AS k(tenant, id)
+      JOIN inbox i ON i.consumer_group = ${groupId} AND coalesce(i.tenant_id, '') = k.tenant AND i.message_id = k.id
+     WHERE i.xmin = pg_current_xact_id()::xid
+  `;
 }
 
 /** Has the group applied this message (an inbox row with outcome 'applied')? */
