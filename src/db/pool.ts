@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 import type { PostgresCursor, PostgresPool, PostgresPoolClient, PostgresQueryResult } from 'kysely';
 import pg from 'pg';
 import { ConfigurationError } from '../errors.js';
+import { SqlState } from './sqlstate.js';
 
 /** pg's hook for turning a column's text into a value: a pool's `types` option, or one query's. */
 export interface TypeParsers {
@@ -64,6 +65,25 @@ function queryConfig(text: string, values: unknown[], prepared: boolean) {
 }
 
 /**
+ * Runs a named query and, when the server says the statement is not prepared (someone ran
+ * `DEALLOCATE ALL` or `DISCARD ALL` on the connection, say an inbox handler on its
+ * transaction), makes pg forget it had prepared it: pg would otherwise only Bind it by name on
+ * that connection from then on, and fail the same way for good. The next run parses it again.
+ * The error itself goes on to the caller (see casUpdate for when it is run again).
+ */
+function forgettingGone<T>(client: unknown, name: string | undefined, result: Promise<T>): Promise<T> {
+  if (name === undefined) return result;
+  return result.catch((error: unknown) => {
+    if ((error as { code?: unknown }).code === SqlState.invalidSqlStatementName) {
+      const parsed = (client as { connection?: { parsedStatements?: Record<string, unknown> } }).connection
+        ?.parsedStatements;
+      if (parsed) delete parsed[name];
+    }
+    throw error;
+  });
+}
+
+/**
  * Makes a pg client of a Cairn pool run marked statements prepared: kysely calls
  * `query(text, values)`; a marked text goes on as `{ name, text, values }`. The method is
  * looked up on the prototype at each call, so whatever wraps pg's Client.query still sees it.
@@ -71,8 +91,14 @@ function queryConfig(text: string, values: unknown[], prepared: boolean) {
 function prepareMarked(client: { query: (...args: unknown[]) => unknown }): void {
   const proto = Object.getPrototypeOf(client) as { query: (...args: unknown[]) => unknown };
   client.query = function (this: unknown, config: unknown, values?: unknown, callback?: unknown) {
-    if (typeof config === 'string' && config.startsWith(PREPARED) && Array.isArray(values)) {
-      return proto.query.call(this, queryConfig(config, values, true), callback);
+    if (
+      typeof config === 'string' &&
+      config.startsWith(PREPARED) &&
+      Array.isArray(values) &&
+      callback === undefined
+    ) {
+      const named = queryConfig(config, values, true);
+      return forgettingGone(this, named.name, proto.query.call(this, named) as Promise<unknown>);
     }
     return proto.query.call(this, config, values, callback);
   };
@@ -263,7 +289,11 @@ function wrapClient(
       throw new TypeError('Cairn does not stream query results through a cursor');
     }
     const config = queryConfig(sqlOrCursor, [...(parameters ?? [])], preparedStatements);
-    return client.query({ ...config, types: cairnTypes }) as Promise<PostgresQueryResult<R>>;
+    return forgettingGone(
+      client,
+      'name' in config ? config.name : undefined,
+      client.query({ ...config, types: cairnTypes }) as Promise<PostgresQueryResult<R>>,
+    );
   }
   return { query, release };
 }

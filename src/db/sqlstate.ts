@@ -43,6 +43,8 @@ export const SqlState = {
   crashShutdown: '57P02',
   cannotConnectNow: '57P03',
   queryCanceled: '57014',
+  // The connection has no prepared statement of that name (DEALLOCATE ALL ran on it): src/db/pool.ts.
+  invalidSqlStatementName: '26000',
   // Refused at connect: a wrong password or user, a pg_hba.conf rule, a database that does not exist.
   invalidPassword: '28P01',
   invalidAuthorization: '28000',

@@ -81,4 +81,42 @@ describe('the task CAS as a named prepared statement', () => {
       await pool.end();
     }
   });
+  it('heals after DEALLOCATE ALL on its connection (say a handler ran it): the next CAS parses it again, on a Cairn pool and the application one', async () => {
+    const pool = new pg.Pool({ connectionString: tdb.url, max: 1 });
+    const dbs = [
+      createDb({ connectionString: tdb.url, max: 1 }),
+      createDb({ pool, preparedStatements: true }),
+    ];
+    try {
+      for (const [i, db] of dbs.entries()) {
+        const taskId = `PREP-GONE-${i}`;
+        const tasks = createTaskStore({ db });
+        let version = (await tasks.create({ task: newTask(taskId), actor })).version;
+        const bump = async (trx?: Parameters<typeof tasks.update>[0]['trx']) => {
+          const r = await tasks.update({
+            taskId,
+            expectedVersion: version,
+            patch: {},
+            actor,
+            ...(trx ? { trx } : {}),
+          });
+          if (!r.ok) throw r.error;
+          version = r.state.version;
+        };
+        await bump(); // prepared on the one connection
+        await sql`DEALLOCATE ALL`.execute(db);
+        await bump(); // outside a transaction: run again, parsed again, nothing lost
+        await sql`DEALLOCATE ALL`.execute(db);
+        // Inside a transaction the statement's failure aborts it: the caller sees it once...
+        await expect(db.transaction().execute((trx) => bump(trx))).rejects.toThrow();
+        // ...and the connection is not left failing for good.
+        for (let n = 0; n < 3; n++) await db.transaction().execute((trx) => bump(trx));
+        await bump();
+        expect((await tasks.history(taskId)).map((r) => r.version)).toEqual([1, 2, 3, 4, 5, 6, 7]);
+      }
+    } finally {
+      for (const db of dbs) await db.destroy();
+      await pool.end();
+    }
+  });
 });

@@ -1,6 +1,7 @@
 import { sql } from 'kysely';
 import type { Executor } from '../../db/executor.js';
 import { PREPARED } from '../../db/pool.js';
+import { SqlState } from '../../db/sqlstate.js';
 
 export interface CasRow {
   taskId: string;
@@ -37,6 +38,19 @@ export interface CasRow {
  * updates/s.
  */
 export async function casUpdate(db: Executor, row: CasRow): Promise<boolean> {
+  try {
+    return await runCas(db, row);
+  } catch (error) {
+    // The connection had lost the prepared statement (DEALLOCATE ALL on it); the pool forgot
+    // it, so the next run parses it again. Outside a transaction nothing was written and
+    // nothing else is lost: run it once more. Inside one the transaction is aborted already.
+    if ((error as { code?: unknown }).code !== SqlState.invalidSqlStatementName || db.isTransaction)
+      throw error;
+    return await runCas(db, row);
+  }
+}
+
+async function runCas(db: Executor, row: CasRow): Promise<boolean> {
   const result = await sql`${sql.raw(PREPARED)}
     WITH swapped AS (
       UPDATE task_state
