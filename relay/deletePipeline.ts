@@ -40,31 +40,35 @@ export function createDeletePipeline(o: {
   let deleting: Promise<void> | undefined;
   let inFlight: Row[] = [];
   let retry: Row[] = [];
-  const attempts = new Map<number, number>();
+  /** The WAL mode: how often each row of `retry` was tried already. Only ids of `retry` are kept. */
+  let attempts = new Map<number, number>();
 
-  /** Rows the delete missed that are worth another try; returns how many are given up on. */
-  function retryLater(
-    tried: readonly Row[],
-    deleted: readonly number[],
-    fences: Map<number, number>,
-  ): number {
+  /**
+   * Sorts the rows a delete did not find. A row of a lane no longer held was lost with its lane
+   * (the new owner sends it again). A row of a lane still held was deleted by someone else
+   * (`cairn outbox skip`, a tenant's DELETE): nothing to do, and no alarm a tenant could raise;
+   * in the WAL mode it may also not be visible yet, so it is tried again (up to 3 times).
+   */
+  function sortMissed(tried: readonly Row[], deleted: readonly number[], heldLanes: readonly number[]) {
     const gone = new Set(deleted);
-    let givenUp = 0;
+    const held = new Set(heldLanes);
+    const next = new Map<number, number>();
+    let lost = 0;
+    let goneAlready = 0;
     for (const r of tried) {
-      if (gone.has(r.id)) {
-        attempts.delete(r.id);
+      if (gone.has(r.id)) continue;
+      if (!held.has(r.lane)) {
+        lost++;
         continue;
       }
       const n = (attempts.get(r.id) ?? 0) + 1;
-      if (n < 3 && fences.has(r.lane)) {
-        attempts.set(r.id, n);
+      if (o.retryMissed && n < 3) {
+        next.set(r.id, n);
         retry.push(r);
-      } else {
-        attempts.delete(r.id);
-        givenUp++;
-      }
+      } else goneAlready++;
     }
-    return givenUp;
+    attempts = next;
+    return { lost, goneAlready };
   }
 
   return {
@@ -79,22 +83,36 @@ export function createDeletePipeline(o: {
       retry = [];
       inFlight = tried;
       const ids = tried.map((r) => r.id);
-      deleting = deleteFenced(o.db, { instanceId: o.instanceId, ids, fences }).then(async (deleted) => {
-        if (deleted.length === ids.length) {
-          if (o.retryMissed) for (const id of deleted) attempts.delete(id);
-          return;
-        }
-        const lost = o.retryMissed ? retryLater(tried, deleted, fences) : ids.length - deleted.length;
-        if (lost > 0) {
-          // We lost a lane between claim and delete: the new owner republishes those rows (same message_id).
-          o.stats.lostLaneDeletes += lost;
-          o.log.warn(
-            { published: ids.length, deleted: deleted.length },
-            'lost a lane during a batch; rebalancing',
-          );
-          await o.onLostLane();
-        }
-      });
+      deleting = deleteFenced(o.db, { instanceId: o.instanceId, ids, fences }).then(
+        async ({ deleted, heldLanes }) => {
+          if (deleted.length === ids.length) {
+            attempts.clear();
+            return;
+          }
+          const { lost, goneAlready } = sortMissed(tried, deleted, heldLanes);
+          if (goneAlready > 0) {
+            o.stats.goneBeforeDelete += goneAlready;
+            o.log.debug(
+              { rows: goneAlready },
+              'published rows were gone from the outbox already (skipped or deleted by a tenant)',
+            );
+          }
+          if (lost > 0) {
+            // We lost a lane between claim and delete: the new owner republishes those rows (same message_id).
+            o.stats.lostLaneDeletes += lost;
+            o.log.warn(
+              { published: ids.length, deleted: deleted.length },
+              'lost a lane during a batch; rebalancing',
+            );
+            await o.onLostLane();
+          }
+        },
+        (error: unknown) => {
+          // Nothing is known of these rows: claims may take them again (finish), counts start over.
+          attempts.clear();
+          throw error;
+        },
+      );
       // Awaited by finish (which rethrows); meanwhile a failure must not be an unhandled
       // rejection, which ends the process while the loop waits on the broker.
       deleting.catch(() => {});

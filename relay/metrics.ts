@@ -22,6 +22,11 @@ export function relayMetrics(relay: Relay, db: Db): Registry {
     'Published rows not deleted because the lane was lost (republished by the new owner)',
     () => relay.stats().lostLaneDeletes,
   );
+  counter(
+    'cairn_relay_gone_before_delete_total',
+    'Published rows already gone from the outbox when the relay deleted them (skipped by an operator, or deleted by a tenant)',
+    () => relay.stats().goneBeforeDelete,
+  );
   new Gauge({
     name: 'cairn_relay_lanes_owned',
     help: 'Outbox lanes this relay owns',

@@ -80,6 +80,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     parked: 0,
     lanesOwned: 0,
     lostLaneDeletes: 0,
+    goneBeforeDelete: 0,
     idleMs: 1,
     waitMs: { claim: 0, publish: 0, delete: 0, barrier: 0 },
     waitingFor: null,

@@ -79,6 +79,8 @@ export interface RelayStats {
   parked: number;
   lanesOwned: number;
   lostLaneDeletes: number;
+  /** Published rows already gone when the relay deleted them: `cairn outbox skip`, or a tenant's own DELETE. */
+  goneBeforeDelete: number;
   /** The current idle sleep of adaptive polling, in ms (1 while busy). */
   idleMs: number;
   /** Where the loop waited, in ms: for claimed rows, for the broker's ack, for the previous delete. */

@@ -5,7 +5,10 @@ import { intArray } from './intArray.js';
 /**
  * Deletes published rows, but only of lanes this instance still owns with the token it
  * claimed them under: a relay that lost a lane (paused, partitioned, slow) cannot delete
- * rows that the new owner is responsible for. Returns the ids it deleted.
+ * rows that the new owner is responsible for. Returns the ids it deleted and the lanes it
+ * still held: a row missing from a held lane was deleted by someone else (`cairn outbox
+ * skip`, a tenant's own DELETE) or, in the WAL mode, is not visible yet; only a row of a lane
+ * no longer held means the lane was lost.
  *
  * The fence is checked once per lane (FOR SHARE, so a take-over waits for this statement),
  * and `lane + 0` keeps the planner on the primary key: joining on `lane` made it probe the
@@ -15,22 +18,24 @@ import { intArray } from './intArray.js';
 export async function deleteFenced(
   db: Executor,
   args: { instanceId: string; ids: readonly number[]; fences: ReadonlyMap<number, number> },
-): Promise<number[]> {
-  if (args.ids.length === 0) return [];
+): Promise<{ deleted: number[]; heldLanes: number[] }> {
+  if (args.ids.length === 0) return { deleted: [], heldLanes: [] };
   const lanes = [...args.fences.keys()];
   const tokens = lanes.map((l) => args.fences.get(l)!);
-  const { rows } = await sql<{ id: number }>`
+  const { rows } = await sql<{ deleted: number[] | null; held_lanes: number[] | null }>`
     WITH valid AS (
       SELECT l.lane FROM relay_lane l
        WHERE l.owner = ${args.instanceId}
          AND l.expires_at > now()
          AND (l.lane, l.fencing_token) IN (SELECT * FROM unnest(${intArray(lanes)}::int[], ${intArray(tokens)}::bigint[]))
          FOR SHARE
+    ), deleted AS (
+      DELETE FROM outbox o
+       WHERE o.id = ANY(${intArray(args.ids)}::bigint[])
+         AND (o.lane + 0) IN (SELECT lane FROM valid)
+      RETURNING o.id
     )
-    DELETE FROM outbox o
-     WHERE o.id = ANY(${intArray(args.ids)}::bigint[])
-       AND (o.lane + 0) IN (SELECT lane FROM valid)
-    RETURNING o.id
+    SELECT (SELECT array_agg(id) FROM deleted) AS deleted, (SELECT array_agg(lane) FROM valid) AS held_lanes
   `.execute(db);
-  return rows.map((r) => r.id);
+  return { deleted: (rows[0]?.deleted ?? []).map(Number), heldLanes: rows[0]?.held_lanes ?? [] };
 }
