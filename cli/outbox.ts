@@ -55,6 +55,10 @@ export function outboxCommand(argv: string[]): Promise<number> {
           );
           for (const l of s.lanes)
             console.log(`  ${l.owner}: ${l.lanes} lane(s), fencing tokens ${l.fencing_tokens}`);
+          if (s.planted_rows > 0)
+            console.log(
+              `${s.planted_rows} row(s) the library never writes (a lane past 31, an id past 2^53 or ahead of the id sequence), planted before migration 0012: find them with SELECT message_id FROM outbox WHERE lane > 31 OR id > 9007199254740991 OR id > pg_sequence_last_value('outbox_id_seq'), then cairn outbox skip <message_id>`,
+            );
         });
         return 0;
       });

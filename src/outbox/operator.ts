@@ -121,11 +121,7 @@ export async function skipMessage(
 ): Promise<void> {
   const a = parseOptions('outbox skip', SkipInput, input);
   await db.transaction().execute(async (t) => {
-    let q = t
-      .selectFrom('outbox')
-      .select(['id', 'tenant_id'])
-      .where('message_id', '=', a.messageId)
-      .forUpdate();
+    let q = t.selectFrom('outbox').select(['tenant_id']).where('message_id', '=', a.messageId).forUpdate();
     if (a.tenant !== undefined) q = q.where(sql<boolean>`coalesce(tenant_id, '') = ${a.tenant}`);
     const found = await q.execute();
     if (found.length === 0) throw new NotFoundError('outbox message', a.messageId);
@@ -137,9 +133,12 @@ export async function skipMessage(
         },
       ]);
     }
+    // By its unique key, not its id: an id past 2^53 (planted before migration 0012) reads back
+    // rounded as a JavaScript number and would match nothing.
     const row = await t
       .deleteFrom('outbox')
-      .where('id', '=', found[0]!.id)
+      .where('message_id', '=', a.messageId)
+      .where(sql<boolean>`coalesce(tenant_id, '') = ${found[0]!.tenant_id ?? ''}`)
       .returning(['tenant_id', 'topic', 'key', 'headers', 'payload', 'last_error'])
       .executeTakeFirstOrThrow();
     await t
