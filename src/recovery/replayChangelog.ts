@@ -169,7 +169,7 @@ export async function replayChangelog(
     versions.set(envelope.version, same);
   }
 
-  const pending: Array<{ task: TaskAt; records: Array<{ found: Found; body: ChangelogBody }> }> = [];
+  const pending: Array<{ task: TaskAt; records: VerifiedRecord[] }> = [];
   const consumed = new Map<
     string,
     { c: ConsumedMessage; tenantId: string; applied: number; expected: number | null }
@@ -224,7 +224,7 @@ export async function replayChangelog(
         const found = candidates[0]!;
         const body = await openRecord(db, found.envelope, o);
         doc = applyRecord(doc, found.envelope, body);
-        records.push({ found, body });
+        records.push({ found, body, doc });
       }
       pending.push({ task, records });
     } catch (err) {
@@ -269,7 +269,7 @@ export async function replayChangelog(
       continue;
     }
     try {
-      const restored = await db.transaction().execute((trx) => writeRecords(trx, task, records, o));
+      const restored = await db.transaction().execute((trx) => writeRecords(trx, records, o));
       report.rebuilt.push({ ...pick(task), to: records.at(-1)!.found.envelope.version });
       report.restoredReceipts += restored.receipts;
       for (const { found, body } of records) {
@@ -323,18 +323,25 @@ interface TaskAt {
 }
 const pick = (t: TaskAt) => ({ taskId: t.taskId, tenantId: t.tenantId, from: t.version });
 
-/** Applies a task's records in order, with CAS, in one transaction; restores inbox rows and receipts. */
+/** A record whose chain and digests were checked, with the document it leads to. */
+interface VerifiedRecord {
+  found: Found;
+  body: ChangelogBody;
+  doc: unknown;
+}
+
+/**
+ * Writes a task's verified records in order, with CAS (from the version they were verified
+ * against), in one transaction; restores inbox rows and receipts.
+ */
 async function writeRecords(
   trx: Trx,
-  task: TaskAt,
-  records: ReadonlyArray<{ found: Found; body: ChangelogBody }>,
+  records: readonly VerifiedRecord[],
   o: ReplayChangelogOptions,
 ): Promise<{ receipts: number }> {
-  let doc = task.doc;
   let receipts = 0;
-  for (const { found, body } of records) {
+  for (const { found, body, doc } of records) {
     const e = found.envelope;
-    doc = applyRecord(doc, e, body);
     const reason = `replayed from changelog ${found.at} by ${o.actor}${body.reason ? `: ${body.reason}` : ''}`;
     if (e.version === 1) {
       const r = await sql`
