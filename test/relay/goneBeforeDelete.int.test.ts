@@ -3,6 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRelayWithTestHooks } from '../../relay/relay.js';
 import { createKafkaPublisher } from '../../src/kafka/publisher.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
+import { pausePoint } from '../support/pausePoint.js';
 import { twoTenants } from '../support/tenants.js';
 import {
   createTestDatabase,
@@ -33,14 +34,7 @@ afterAll(async () => {
 describe('a published row deleted by someone else before the relay deletes it', () => {
   it('is counted as gone, not as a lost lane, and the relay keeps its lanes', async () => {
     const { app, asA } = await twoTenants(tdb);
-    let paused!: () => void;
-    const reached = new Promise<void>((r) => {
-      paused = r;
-    });
-    let resume!: () => void;
-    const resumed = new Promise<void>((r) => {
-      resume = r;
-    });
+    const pause = pausePoint();
     const ids = await asA.transaction().execute((t) =>
       outbox.enqueue(
         t,
@@ -51,20 +45,18 @@ describe('a published row deleted by someone else before the relay deletes it', 
       { db: tdb.db, publisher: createKafkaPublisher({ brokers: kafkaBrokers() }), instanceId: 'r1' },
       {
         afterPublish: async (batch) => {
-          if (batch !== 1) return;
-          paused();
-          await resumed; // published, not deleted yet
+          if (batch === 1) await pause.hold(); // published, not deleted yet
         },
       },
     );
     const done = relay.run();
     try {
-      await reached;
+      await pause.reached;
       const lanes = relay.stats().lanesOwned;
       // The tenant deletes its own row, published a moment ago, with its own SQL.
       const { numAffectedRows } = await sql`DELETE FROM outbox WHERE message_id = ${ids[1]}`.execute(asA);
       expect(numAffectedRows).toBe(1n);
-      resume();
+      pause.release();
       await waitFor('the relay to delete the rest', async () => {
         const left = await tdb.db.selectFrom('outbox').select('id').execute();
         return left.length === 0 && relay.stats().goneBeforeDelete > 0;
@@ -72,7 +64,7 @@ describe('a published row deleted by someone else before the relay deletes it', 
       expect(relay.stats()).toMatchObject({ published: 3, lostLaneDeletes: 0, goneBeforeDelete: 1 });
       expect(relay.stats().lanesOwned).toBe(lanes);
     } finally {
-      resume();
+      pause.release();
       await relay.stop();
       await done;
       await app.destroy();

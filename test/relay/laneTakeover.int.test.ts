@@ -4,6 +4,7 @@ import { createRelay, createRelayWithTestHooks } from '../../relay/relay.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { laneOf } from '../../src/outbox/lanes.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
+import { pausePoint } from '../support/pausePoint.js';
 import {
   createTestDatabase,
   createTestTopic,
@@ -41,14 +42,7 @@ describe('relay lane take-over', () => {
     const first: string[] = [];
     for (let n = 1; n <= 5; n++) first.push(await enqueue(n));
 
-    let frozen!: () => void;
-    const reachedFreeze = new Promise<void>((r) => {
-      frozen = r;
-    });
-    let wake!: () => void;
-    const woken = new Promise<void>((r) => {
-      wake = r;
-    });
+    const freeze = pausePoint();
     const r1 = createRelayWithTestHooks(
       {
         db: tdb.db,
@@ -58,14 +52,12 @@ describe('relay lane take-over', () => {
       },
       {
         afterPublish: async (batch) => {
-          if (batch !== 1) return;
-          frozen();
-          await woken; // frozen here: published, not yet deleted
+          if (batch === 1) await freeze.hold(); // frozen here: published, not yet deleted
         },
       },
     );
     const r1Done = r1.run();
-    await reachedFreeze;
+    await freeze.reached;
     const lane = laneOf('k');
     await waitFor('r1 to lose its lane by the database clock', async () => {
       const { rows } = await sql<{ expired: boolean }>`
@@ -92,11 +84,11 @@ describe('relay lane take-over', () => {
         return left.length === 0;
       });
 
-      wake(); // r1 finishes what it started
+      freeze.release(); // r1 finishes what it started
       await waitFor('r1 to try its delete', async () => r1.stats().lostLaneDeletes > 0);
       expect(r1.stats().lostLaneDeletes).toBe(5);
     } finally {
-      wake();
+      freeze.release();
       await r1.stop();
       await r2.stop();
       await Promise.all([r1Done, r2Done]);
