@@ -45,6 +45,9 @@ const DEFAULT_BATCH_SIZE = 2500;
  */
 const DEFAULT_MAX_BATCH_BYTES = 1024 * 1024;
 
+/** A claim and the lane tokens it was made under (lane -> fencing token). */
+type FencedClaim = Claim & { fences: ReadonlyMap<number, number> };
+
 class PublishFailed extends CairnError {
   constructor(cause: unknown) {
     super(CairnErrorCodes.PublishFailed, `publish failed: ${(cause as Error)?.message ?? String(cause)}`, {
@@ -134,7 +137,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   // N's delete runs while N+1 is claimed and published. Measured on the 2-core dev machine
   // (bench/relay.ts, 1,000-message batches): the sequential claim/publish/delete loop drained
   // 18.5k msgs/s; see the README for the pipelined figure.
-  let prefetch: Promise<Claim> | undefined;
+  let prefetch: Promise<FencedClaim> | undefined;
   const deletes = createDeletePipeline({
     db,
     instanceId,
@@ -165,19 +168,26 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       });
   }
 
-  const claim = (exclude: ReadonlyArray<{ id: number; lane: number }>) =>
-    claimBatch(db, { lanes: [...owned.keys()], limit: batchSize, maxBytes: maxBatchBytes, exclude });
+  /** A claim, with the lane tokens it was made under. */
+  const claim = (exclude: ReadonlyArray<{ id: number; lane: number }>): Promise<FencedClaim> => {
+    const fences = new Map(owned);
+    return claimBatch(db, {
+      lanes: [...fences.keys()],
+      limit: batchSize,
+      maxBytes: maxBatchBytes,
+      exclude,
+    }).then((c) => ({ ...c, fences }));
+  };
 
   async function nextRows(): Promise<Claim> {
     const p = prefetch;
     prefetch = undefined;
-    if (p) {
-      // Lanes may have moved since the prefetch was claimed. (Keys are parked only by the
-      // owner of their lane, in isolatePoison, which drops the prefetch.)
-      const c = await timed('claim', p);
-      return { rows: c.rows.filter((r) => owned.has(r.lane)), full: c.full };
-    }
-    return timed('claim', claim(deletes.inFlight));
+    const c = await timed('claim', p ?? claim(deletes.inFlight));
+    // Lanes may have moved since the rows were claimed (a prefetch outlives a rebalance): only
+    // rows of lanes still held under the token they were claimed under go on. A lane lost and
+    // taken back meanwhile has a new token, and its rows were the other owner's to send. (Keys
+    // are parked only by the owner of their lane, in isolatePoison, which drops the prefetch.)
+    return { rows: c.rows.filter((r) => owned.get(r.lane) === c.fences.get(r.lane)), full: c.full };
   }
 
   /** Publishes one batch: its size, and whether a limit cut it (more may be waiting: no sleep). */

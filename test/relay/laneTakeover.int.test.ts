@@ -107,4 +107,62 @@ describe('relay lane take-over', () => {
     expect(ids.every((id) => all.includes(id))).toBe(true); // repeats carry the same ids
     expect(ids.filter((id) => first.includes(id)).length).toBe(10); // r1's batch, then r2's copy
   });
+  it('a prefetched batch claimed before the lane was lost and taken back is not sent again, nor counted as rows gone', async () => {
+    const k = 'prefetch';
+    const sent: string[] = [];
+    for (let n = 1; n <= 10; n++)
+      sent.push(
+        await tdb.db
+          .transaction()
+          .execute(async (t) => (await outbox.enqueue(t, [{ topic, key: k, payload: { n } }]))[0]!),
+      );
+    const freeze = pausePoint();
+    // Batches of 5: the first is full, so the next 5 are claimed (prefetched) before it is published.
+    const r1 = createRelayWithTestHooks(
+      {
+        db: tdb.db,
+        publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+        instanceId: 'r1-prefetch',
+        leaseTtlMs: 1000,
+        batchSize: 5,
+      },
+      {
+        afterPublish: async (batch) => {
+          if (batch === 1) await freeze.hold();
+        },
+      },
+    );
+    const r1Done = r1.run();
+    try {
+      await freeze.reached;
+      await waitFor('r1 to lose its lane by the database clock', async () => {
+        const { rows } = await sql<{ expired: boolean }>`
+          SELECT expires_at <= now() AS expired FROM relay_lane WHERE lane = ${laneOf(k)}`.execute(tdb.db);
+        return rows[0]?.expired === true;
+      });
+      const r2 = createRelay({
+        db: tdb.db,
+        publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+        instanceId: 'r2-prefetch',
+        leaseTtlMs: 1000,
+      });
+      const r2Done = r2.run();
+      await waitFor('r2 to send and delete all 10', async () => {
+        const left = await tdb.db.selectFrom('outbox').select('id').execute();
+        return left.length === 0;
+      });
+      await r2.stop(); // its lanes are free: r1 takes them back under new tokens
+      await r2Done;
+      freeze.release();
+      await waitFor('r1 to find its delete fenced', async () => r1.stats().lostLaneDeletes > 0);
+      await waitFor('r1 to hold every lane again', async () => r1.stats().lanesOwned === 32);
+      await waitFor('r1 to poll an empty outbox', async () => r1.stats().idleMs >= 8);
+      // Only the first batch (published before the freeze); the prefetch was r2's to send.
+      expect(r1.stats()).toMatchObject({ published: 5, lostLaneDeletes: 5, goneBeforeDelete: 0 });
+    } finally {
+      freeze.release();
+      await r1.stop();
+      await r1Done;
+    }
+  });
 });
