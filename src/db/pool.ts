@@ -74,7 +74,14 @@ function queryConfig(text: string, values: unknown[], prepared: boolean) {
 function forgettingGone<T>(client: unknown, name: string | undefined, result: Promise<T>): Promise<T> {
   if (name === undefined) return result;
   return result.catch((error: unknown) => {
-    if ((error as { code?: unknown }).code === SqlState.invalidSqlStatementName) {
+    // Only the server saying this statement is not prepared: a 26000 raised from inside it (a
+    // trigger, a function) leaves it prepared, and forgetting it then would make the next run
+    // Parse it again and fail with 42P05 ("already exists") on that connection for good.
+    const e = error as { code?: unknown; message?: unknown };
+    if (
+      e.code === SqlState.invalidSqlStatementName &&
+      String(e.message).includes(`"${name}" does not exist`)
+    ) {
       const parsed = (client as { connection?: { parsedStatements?: Record<string, unknown> } }).connection
         ?.parsedStatements;
       if (parsed) delete parsed[name];

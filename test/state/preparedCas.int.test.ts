@@ -119,4 +119,32 @@ describe('the task CAS as a named prepared statement', () => {
       await pool.end();
     }
   });
+
+  it('a 26000 raised from inside the statement (a trigger) leaves it prepared: later CASes on the connection go on', async () => {
+    const db = createDb({ connectionString: tdb.url, max: 1 });
+    try {
+      await sql`
+        CREATE SEQUENCE raise_once;
+        CREATE FUNCTION raise_26000_once() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          IF NEW.task_id = 'PREP-TRIGGER' AND nextval('raise_once') = 2 THEN
+            RAISE EXCEPTION 'not the statement''s own error' USING ERRCODE = '26000';
+          END IF;
+          RETURN NEW;
+        END $$;
+        CREATE TRIGGER raise_26000_once BEFORE INSERT ON task_audit FOR EACH ROW EXECUTE FUNCTION raise_26000_once();
+      `.execute(db);
+      const tasks = createTaskStore({ db });
+      let version = (await tasks.create({ task: newTask('PREP-TRIGGER'), actor })).version; // nextval 1
+      for (let n = 0; n < 4; n++) {
+        const r = await tasks.update({ taskId: 'PREP-TRIGGER', expectedVersion: version, patch: {}, actor });
+        if (!r.ok) throw r.error;
+        version = r.state.version;
+      }
+      expect(version).toBe(5);
+    } finally {
+      await sql`DROP TRIGGER IF EXISTS raise_26000_once ON task_audit`.execute(db);
+      await db.destroy();
+    }
+  });
 });
