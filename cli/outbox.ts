@@ -9,7 +9,7 @@ import {
   releaseKey,
   skipMessage,
 } from '../src/outbox/operator.js';
-import { outboxStatus } from '../src/outbox/status.js';
+import { listPlantedRows, outboxStatus } from '../src/outbox/status.js';
 import { SpiffeId } from '../src/schemas/taskState.js';
 import { defaultOperator, exitTwoOnBadInput, operatorInput } from './operatorInput.js';
 import { printResult, UsageError } from './output.js';
@@ -49,16 +49,22 @@ export function outboxCommand(argv: string[]): Promise<number> {
       const a = operatorInput('outbox status', inputs.status, { values, extra: positionals.slice(1) });
       return withDb(async (db) => {
         const s = await outboxStatus(db);
+        const planted = s.planted_rows ? await listPlantedRows(db, 20) : [];
         printResult(a.json, s, () => {
           console.log(
             `backlog ${s.backlog} message(s), oldest ${s.oldest_unpublished_seconds ?? '-'} s; parked keys ${s.parked_keys}; relays seen in the last 30 s ${s.relays_alive}`,
           );
           for (const l of s.lanes)
             console.log(`  ${l.owner}: ${l.lanes} lane(s), fencing tokens ${l.fencing_tokens}`);
-          if (s.planted_rows > 0)
+          if (s.planted_rows) {
             console.log(
-              `${s.planted_rows} row(s) the library never writes (a lane past 31, an id past 2^53 or ahead of the id sequence), planted before migration 0012: find them with SELECT message_id FROM outbox WHERE lane > 31 OR id > 9007199254740991 OR id > pg_sequence_last_value('outbox_id_seq'), then cairn outbox skip <message_id>`,
+              `${s.planted_rows} row(s) the library never writes (a lane past 31, an id past 2^53 or ahead of the id sequence), planted before migration 0012; remove each with:`,
             );
+            for (const r of planted)
+              console.log(
+                `  cairn outbox skip ${r.message_id}${r.tenant_id ? ` --tenant ${r.tenant_id}` : ''} --reason 'planted before 0012'`,
+              );
+          }
         });
         return 0;
       });

@@ -3,7 +3,7 @@ import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { skipMessage } from '../../src/outbox/operator.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
-import { outboxStatus } from '../../src/outbox/status.js';
+import { listPlantedRows, outboxStatus, plantedRows } from '../../src/outbox/status.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
 // Migration 0012 refuses outbox rows the library never writes (a lane past 31, an id past 2^53)
@@ -40,8 +40,30 @@ describe('outbox rows planted before migration 0012', () => {
     `.execute(tdb.db);
 
     expect(await outboxStatus(tdb.db)).toMatchObject({ backlog: 4, planted_rows: 3 });
+    expect((await listPlantedRows(tdb.db, 20)).map((r) => r.message_id).sort()).toEqual([...planted].sort());
     for (const messageId of planted)
       await skipMessage(tdb.db, { messageId, actor: 'spiffe://ops/alice', reason: 'planted before 0012' });
     expect(await outboxStatus(tdb.db)).toMatchObject({ backlog: 1, planted_rows: 0 });
+  });
+
+  it('are found through index ranges, not a scan per row of the backlog (a metrics scrape waits for it)', async () => {
+    await sql`
+      INSERT INTO outbox (lane, message_id, topic, key, headers, payload)
+      SELECT g % 32, gen_random_uuid(), 't', 'k' || g, '{}', '\\x00' FROM generate_series(1, 50000) AS g
+    `.execute(tdb.db);
+    await sql`ANALYZE outbox`.execute(tdb.db);
+    const { rows } = await sql<{
+      'QUERY PLAN': unknown;
+    }>`EXPLAIN (FORMAT JSON) ${await plantedRows(tdb.db)}`.execute(tdb.db);
+    const plan = JSON.stringify(rows[0]);
+    expect(plan).not.toMatch(/"Seq Scan"/);
+    expect((await outboxStatus(tdb.db)).planted_rows).toBe(0);
+  });
+
+  it('a sequence that does not say where it is (reset with is_called false) flags no row the library wrote', async () => {
+    await sql`SELECT setval(pg_get_serial_sequence('outbox', 'id'), (SELECT max(id) + 1 FROM outbox), false)`.execute(
+      tdb.db,
+    );
+    expect((await outboxStatus(tdb.db)).planted_rows).toBe(0);
   });
 });
