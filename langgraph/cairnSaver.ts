@@ -263,9 +263,9 @@ export class CairnSaver extends BaseCheckpointSaver {
     const s = scopeOf(config, 'CairnSaver.getTuple config', this.tenant);
     const scope = sql`cp.tenant_id = ${s.tenant} AND cp.thread_id = ${s.thread} AND cp.checkpoint_ns = ${s.ns}`;
     if (s.id) {
-      const { rows } = await selectCheckpoints(sql`${scope} AND cp.checkpoint_id = ${s.id}`, sql``).execute(
-        this.db,
-      );
+      const { rows } = await selectCheckpoints(sql`${scope} AND cp.checkpoint_id = ${s.id}`, sql``, {
+        prepared: true,
+      }).execute(this.db);
       if (!rows[0]) return undefined;
       const v = await this.codec.verify(rows[0]);
       if (v.ok) {
@@ -282,9 +282,9 @@ export class CairnSaver extends BaseCheckpointSaver {
     let before: string | undefined;
     for (;;) {
       const where = before === undefined ? scope : sql`${scope} AND cp.checkpoint_id < ${before}`;
-      const { rows } = await selectCheckpoints(where, sql`ORDER BY cp.checkpoint_id DESC LIMIT 1`).execute(
-        this.db,
-      );
+      const { rows } = await selectCheckpoints(where, sql`ORDER BY cp.checkpoint_id DESC LIMIT 1`, {
+        prepared: true,
+      }).execute(this.db);
       const row = rows[0];
       if (!row) return undefined;
       const v = await this.codec.verify(row);

@@ -1,4 +1,5 @@
 import { type RawBuilder, sql } from 'kysely';
+import { PREPARED } from '../../src/db/pool.js';
 
 /** A checkpoint row as selectCheckpoints returns it, with its blobs and pending writes. */
 export interface CheckpointRow {
@@ -49,8 +50,12 @@ export interface CheckpointRow {
  * Every predicate carries the tenant: for a tenant's role row-level security says the same,
  * for the owner (who bypasses it) this is what keeps tenants apart.
  */
-export function selectCheckpoints(where: RawBuilder<unknown>, tail: RawBuilder<unknown>) {
-  return sql<CheckpointRow>`
+export function selectCheckpoints(
+  where: RawBuilder<unknown>,
+  tail: RawBuilder<unknown>,
+  o: { prepared?: boolean } = {},
+) {
+  return sql<CheckpointRow>`${sql.raw(o.prepared ? PREPARED : '')}
     SELECT cp.thread_id, cp.checkpoint_ns, cp.checkpoint_id, cp.parent_checkpoint_id, cp.checkpoint,
            cp.checkpoint_type, cp.metadata, cp.metadata_type, cp.digest, cp.prev_digest, cp.blob_digests, cp.boundary, cp.versions, cp.metadata_json, cp.sig_key, cp.sig,
            coalesce(p.digest, z.digest) AS parent_digest,
