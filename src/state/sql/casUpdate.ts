@@ -1,4 +1,4 @@
-import { sql } from 'kysely';
+import { CompiledQuery } from 'kysely';
 import type { Executor } from '../../db/executor.js';
 import { PREPARED } from '../../db/pool.js';
 import { SqlState } from '../../db/sqlstate.js';
@@ -51,23 +51,42 @@ export async function casUpdate(db: Executor, row: CasRow): Promise<boolean> {
 }
 
 async function runCas(db: Executor, row: CasRow): Promise<boolean> {
-  const result = await sql`${sql.raw(PREPARED)}
+  const result = await db.executeQuery(
+    CompiledQuery.raw(CAS_SQL, [
+      row.status,
+      row.schemaVersion,
+      JSON.stringify(row.doc),
+      row.taskId,
+      row.expectedVersion,
+      row.expectedUpdatedAt,
+      row.audit.actor,
+      row.audit.reason,
+      JSON.stringify(row.audit.patch),
+    ]),
+  );
+  return result.numAffectedRows === 1n;
+}
+
+/**
+ * The statement as Postgres receives it, written out once rather than built with the `sql`
+ * tag and compiled by kysely on every call. Values are still only parameters, in the order
+ * casUpdate passes them. Same run, alternating rounds, 8 workers on the 2-core machine (busy
+ * with other work): Node CPU 263 -> 226 µs per update (Postgres 586 -> 571); with the network
+ * cut out (pg answering at once) 26 -> 21 µs.
+ */
+const CAS_SQL = `${PREPARED}
     WITH swapped AS (
       UPDATE task_state
          SET version = version + 1,
-             status = ${row.status},
-             schema_version = ${row.schemaVersion},
-             doc = ${JSON.stringify(row.doc)}::jsonb,
+             status = $1,
+             schema_version = $2,
+             doc = $3::jsonb,
              updated_at = now()
-       WHERE task_id = ${row.taskId}
-         AND version = ${row.expectedVersion}
-         AND doc->>'updated_at' = ${row.expectedUpdatedAt}
+       WHERE task_id = $4
+         AND version = $5
+         AND doc->>'updated_at' = $6
       RETURNING task_id, tenant_id, version
     )
     INSERT INTO task_audit (task_id, version, prev_version, tenant_id, actor, reason, patch)
-    SELECT task_id, version, version - 1, tenant_id, ${row.audit.actor}, ${row.audit.reason},
-           ${JSON.stringify(row.audit.patch)}::jsonb
-      FROM swapped
-  `.execute(db);
-  return result.numAffectedRows === 1n;
-}
+    SELECT task_id, version, version - 1, tenant_id, $7, $8, $9::jsonb
+      FROM swapped`;
