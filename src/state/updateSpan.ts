@@ -1,5 +1,5 @@
 import type { TaskState } from '../schemas/taskState.js';
-import { otel, withSpan } from '../tracing/otel.js';
+import { noTracerRegistered, otel, withSpan } from '../tracing/otel.js';
 import type { TaskStore, UpdateInput, UpdateResult } from './taskStore.js';
 
 /**
@@ -13,19 +13,27 @@ export function withUpdateSpans(store: TaskStore): TaskStore {
   const update = store.update.bind(store);
   return {
     ...store,
+    // Without an SDK the span would be the API's no-op, carrying the active context that the
+    // update runs in anyway (its messages get the same traceparent): skipped, as the inbox
+    // does (consumers/processSpan.ts), it saves a context, a span and their closures per update.
     update: (input: UpdateInput) =>
-      withSpan(
-        'cairn.task.update',
-        {
-          attributes: { 'cairn.task.id': input.taskId, 'cairn.task.expected_version': input.expectedVersion },
-        },
-        async (span) => {
-          const r: UpdateResult = await update(input);
-          if (r.ok) span?.setAttribute('cairn.task.version', r.state.version);
-          else span?.setAttribute('cairn.task.outcome', r.reason);
-          return r;
-        },
-      ),
+      noTracerRegistered()
+        ? update(input)
+        : withSpan(
+            'cairn.task.update',
+            {
+              attributes: {
+                'cairn.task.id': input.taskId,
+                'cairn.task.expected_version': input.expectedVersion,
+              },
+            },
+            async (span) => {
+              const r: UpdateResult = await update(input);
+              if (r.ok) span?.setAttribute('cairn.task.version', r.state.version);
+              else span?.setAttribute('cairn.task.outcome', r.reason);
+              return r;
+            },
+          ),
   };
 }
 
