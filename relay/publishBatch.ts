@@ -62,8 +62,8 @@ export async function toMessages(
   const ready: Ready[] = [];
   const parked = new Set<string>();
   for (const r of rows) {
-    const k = keyOf(r);
-    if (parked.has(k)) continue;
+    // A key's string is built only once some key is parked (rarely): not once per message.
+    if (parked.size > 0 && parked.has(keyOf(r))) continue;
     try {
       ready.push({
         row: r,
@@ -71,7 +71,7 @@ export async function toMessages(
       });
     } catch (err) {
       if (!(err instanceof BadRowError)) throw err;
-      parked.add(k);
+      parked.add(keyOf(r));
       await park(c, r, err);
     }
   }

@@ -200,7 +200,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       return { n: 0, full: false };
     }
     if (full) {
-      prefetch = claim([...deletes.inFlight, ...rows.map((r) => ({ id: r.id, lane: r.lane }))]);
+      prefetch = claim([...deletes.inFlight, ...rows]);
       prefetch.catch(() => {}); // awaited (or dropped) later; never an unhandled rejection
     }
     await publishRows(rows);
@@ -233,11 +233,13 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       rows.map((r) => r.message_id),
     );
     await deletes.finish();
-    const sentSet = new Set(sentIds);
-    deletes.start(
-      rows.filter((r) => sentSet.has(r.id)).map((r) => ({ id: r.id, lane: r.lane })),
-      new Map(owned),
-    );
+    // Usually every row went: no set of ids to filter by then.
+    let sent: readonly ClaimedRow[] = rows;
+    if (sentIds.length !== rows.length) {
+      const sentSet = new Set(sentIds);
+      sent = rows.filter((r) => sentSet.has(r.id));
+    }
+    deletes.start(sent, new Map(owned));
     stats.published += sentIds.length;
     maybeVacuum(sentIds.length);
     stats.batches++;

@@ -144,26 +144,29 @@ export function createKafkaPublisher(options: KafkaPublisherOptions): Publisher 
       // batch spent every retry (about 10 s after a broker restart in the chaos soak) on a
       // producer that never connected. Connecting again on each retry sends once it is back.
       const p = connected && producer ? producer : await open();
+      // The messages go to kafkajs as they are (it reads key, value, headers and ignores topic):
+      // a copy of each was 2,500 objects per batch for the collector.
       const byTopic = new Map<string, PublishMessage[]>();
       for (const m of messages) {
-        const list = byTopic.get(m.topic) ?? [];
-        list.push(m);
-        byTopic.set(m.topic, list);
+        const list = byTopic.get(m.topic);
+        if (list) list.push(m);
+        else byTopic.set(m.topic, [m]);
       }
-      const topicMessages = [...byTopic].map(([topic, list]) => ({
-        topic,
-        messages: list.map((m) => ({ key: m.key, value: m.value, headers: m.headers })),
-      }));
+      const topicMessages = [...byTopic].map(([topic, list]) => ({ topic, messages: list }));
       const acks = await p.sendBatch({
         acks: -1,
         ...(opts.compression ? { compression: CompressionTypes.GZIP } : {}),
         topicMessages,
       });
       // kafkajs may resolve a send that never reached a partition whose leader moved during its
-      // retries (see ./acknowledgements.ts): only every partition's own answer counts.
-      const sent: SentPartition[] = topicMessages.flatMap(({ topic, messages: ms }) =>
-        ms.map((m) => ({ topic, partition: partitionOf.get(m) ?? -1 })),
-      );
+      // retries (see ./acknowledgements.ts): only every partition's own answer counts. The
+      // partitions written to, once each (a handful per batch, not one entry per message).
+      const sent: SentPartition[] = [];
+      for (const { topic, messages: ms } of topicMessages) {
+        const partitions = new Set<number>();
+        for (const m of ms) partitions.add(partitionOf.get(m) ?? -1);
+        for (const partition of partitions) sent.push({ topic, partition });
+      }
       const missing = unacknowledgedPartitions(sent, acks);
       if (missing.length > 0) {
         throw new CairnError(
