@@ -1,6 +1,4 @@
 import { randomUUID } from 'node:crypto';
-import { sql } from 'kysely';
-import pg from 'pg';
 import { databaseAddress, pingDatabase } from '../src/db/database.js';
 import { isConfigurationSqlError, mapSqlError } from '../src/db/sqlstate.js';
 import { CairnError, CairnErrorCodes, ConfigurationError } from '../src/errors.js';
@@ -9,7 +7,6 @@ import { silentLogger } from '../src/logger.js';
 import { observations, withObservations } from '../src/metrics/observations.js';
 import { parseOptions } from '../src/options.js';
 import { LANE_COUNT } from '../src/outbox/lanes.js';
-import { OUTBOX_CHANNEL } from '../src/outbox/outbox.js';
 import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
 import { createDeletePipeline } from './deletePipeline.js';
 import { RelayOptionsSchema } from './options.js';
@@ -27,6 +24,8 @@ import {
   synchronousReplication,
 } from './sql/laneLeases.js';
 import type { Relay, RelayOptions, RelayStats, RelayTestHooks } from './types.js';
+import { createVacuumer } from './vacuum.js';
+import { createWakeup } from './wakeup.js';
 import { createWalMode } from './wal/walMode.js';
 
 export type { Relay, RelayOptions, RelayStats } from './types.js';
@@ -101,7 +100,6 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   let stopping = false;
   const stopWaiting = new AbortController();
   let running: Promise<void> | undefined;
-  let wake: (() => void) | undefined;
 
   let barrierNeeded = false;
 
@@ -150,23 +148,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     },
   });
 
-  const vacuumEvery = options.vacuumEveryDeletes ?? 50_000;
-  let deletedSinceVacuum = 0;
-  let vacuuming = false;
-  function maybeVacuum(deleted: number): void {
-    deletedSinceVacuum += deleted;
-    if (vacuumEvery <= 0 || vacuuming || deletedSinceVacuum < vacuumEvery) return;
-    deletedSinceVacuum = 0;
-    vacuuming = true;
-    // In the background, on a pool connection: VACUUM cannot run inside a transaction, and it
-    // only takes a lock that lets inserts, claims and deletes go on.
-    void sql`VACUUM (SKIP_LOCKED) outbox`
-      .execute(db)
-      .catch((err: Error) => log.warn({ err: err.message }, 'VACUUM outbox failed; leaving it to autovacuum'))
-      .finally(() => {
-        vacuuming = false;
-      });
-  }
+  const maybeVacuum = createVacuumer({ db, log, every: options.vacuumEveryDeletes ?? 50_000 });
 
   /** A claim, with the lane tokens it was made under. */
   const claim = (exclude: ReadonlyArray<{ id: number; lane: number }>): Promise<FencedClaim> => {
@@ -264,41 +246,8 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       deletes,
     });
 
-  // A notification that arrives while a batch runs is remembered, so the next sleep is skipped.
-  let woken = false;
-  function sleep(ms: number): Promise<void> {
-    if (woken) {
-      woken = false;
-      return Promise.resolve();
-    }
-    return new Promise((resolve) => {
-      const t = setTimeout(resolve, ms);
-      wake = () => {
-        clearTimeout(t);
-        wake = undefined;
-        resolve();
-      };
-    });
-  }
-
-  let listener: pg.Client | undefined;
-  async function listen(connectionString: string): Promise<void> {
-    const client = new pg.Client({ connectionString, application_name: 'cairn-relay-listen' });
-    client.on('notification', () => {
-      if (wake) wake();
-      else woken = true;
-    });
-    client.on('error', (err) => {
-      log.warn({ err: err.message }, 'LISTEN connection lost; polling until it is back');
-      listener = undefined;
-      setTimeout(() => {
-        if (!stopping) void listen(connectionString).catch(() => {});
-      }, 1000).unref();
-    });
-    await client.connect();
-    await client.query(`LISTEN ${OUTBOX_CHANNEL}`);
-    listener = client;
-  }
+  const wakeup = createWakeup({ log, stopping: () => stopping });
+  const sleep = wakeup.sleep;
 
   /** Runs a start-up step until its dependency answers; stats.waitingFor says which one meanwhile. */
   function waitFor(
@@ -327,9 +276,9 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     });
     await walMode?.prepare();
     if (options.wakeOnNotify) {
-      await listen(options.wakeOnNotify).catch((err: Error) =>
-        log.warn({ err: err.message }, 'LISTEN failed; polling only'),
-      );
+      await wakeup
+        .listen(options.wakeOnNotify)
+        .catch((err: Error) => log.warn({ err: err.message }, 'LISTEN failed; polling only'));
     }
     const broker = { address: options.publisher.address, isConfigurationError: isKafkaConfigurationError };
     const connected = await waitFor('kafka', broker, () =>
@@ -339,7 +288,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       }),
     );
     if (connected === 'stopped') {
-      await listener?.end().catch(() => {});
+      await wakeup.end();
       return;
     }
     let lastRebalance = 0;
@@ -387,7 +336,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     } finally {
       await deletes.finish().catch(() => {});
       await walMode?.stop();
-      await listener?.end().catch(() => {});
+      await wakeup.end();
       await releaseLanes(db, instanceId, [...owned.keys()]).catch(() => {});
       await forgetInstance(db, instanceId, ttlMs).catch(() => {});
       await options.publisher.disconnect().catch(() => {});
@@ -405,7 +354,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     async stop() {
       stopping = true;
       stopWaiting.abort();
-      wake?.();
+      wakeup.wake();
       await running;
     },
     stats: () => ({
