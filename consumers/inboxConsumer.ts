@@ -12,6 +12,7 @@ import { parseOptions } from '../src/options.js';
 import { DLQ_HEADER, HEADER } from '../src/outbox/wire.js';
 import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
 import { markConsumed } from '../src/state/changelog.js';
+import { chunkSizer } from './chunkSize.js';
 import { InboxConsumerOptionsSchema } from './options.js';
 import { applyTracing } from './processSpan.js';
 import { claimVersion } from './sql/claimVersion.js';
@@ -64,7 +65,11 @@ export interface InboxConsumerOptions<Tables extends AppTables = NoTables> {
   groupId: string;
   handler: InboxHandler<Tables>;
   logger?: Logger;
-  /** Messages applied per database transaction (one Kafka batch is cut into chunks of this size). */
+  /**
+   * Messages applied per database transaction (one Kafka batch is cut into chunks of this
+   * size). Default: as many as fit into about a second at the pace of the previous
+   * transaction, up to 5,000 (the whole batch, for a fast handler).
+   */
   chunkSize?: number;
   /** Attempts for a failing message before it goes to the dead-letter topic. */
   maxAttempts?: number;
@@ -158,7 +163,7 @@ export function createInboxConsumerWithTestHooks(
   const options = parseOptions('inbox consumer options', InboxConsumerOptionsSchema, input);
   const { db, groupId, handler } = options;
   const log = (options.logger ?? silentLogger).child({ component: 'inbox', group: groupId });
-  const chunkSize = options.chunkSize ?? 500;
+  const chunks = chunkSizer(options.chunkSize);
   const maxAttempts = options.maxAttempts ?? 5;
   const retryBaseMs = options.retryBaseMs ?? 100;
   const retryMaxMs = options.retryMaxMs ?? 5000;
@@ -322,11 +327,14 @@ export function createInboxConsumerWithTestHooks(
 
   async function onBatch(batch: ReceivedBatch): Promise<void> {
     const messages = batch.messages.map(toInboxMessage);
-    for (let i = 0; i < messages.length; i += chunkSize) {
+    for (let i = 0; i < messages.length; ) {
       if (!batch.isActive()) return;
-      const chunk = messages.slice(i, i + chunkSize);
+      const chunk = messages.slice(i, i + chunks.next());
+      i += chunk.length;
       try {
+        const started = performance.now();
         committed(await db.transaction().execute((trx) => applyChunk(trx, chunk)));
+        chunks.took(chunk.length, performance.now() - started);
       } catch (err) {
         // Something in the chunk failed and the whole transaction rolled back: apply the
         // messages one by one so one bad message cannot hold back the others.
