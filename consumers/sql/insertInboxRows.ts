@@ -1,5 +1,6 @@
 import { sql } from 'kysely';
 import type { Executor, Trx } from '../../src/db/executor.js';
+import { ValidationError } from '../../src/errors.js';
 import type { InboxMessage } from '../inboxMessage.js';
 
 type Recorded = Pick<InboxMessage, 'messageId' | 'tenantId' | 'topic' | 'partition' | 'offset' | 'key'>;
@@ -21,30 +22,51 @@ export const inboxKey = (m: Pick<InboxMessage, 'messageId' | 'tenantId'>) =>
  * bench/inbox.ts). Only when some were in the inbox already (a redelivery) are the new ones
  * read back: the rows of this chunk that this transaction wrote (`xmin`: the insert is the
  * transaction's first write, made outside any savepoint).
+ *
+ * The messages are one partition's (a chunk of one Kafka batch): topic and partition go as
+ * single values, not as arrays of one value repeated, which pg escaped and Postgres parsed
+ * element by element. bench/inbox.ts (whole-batch chunks, alternating, 4 rounds, one run): CPU
+ * per message 27.0 -> 23.4 µs (Node 12.9 -> 11.3, Postgres 12.4 -> 11.1).
  */
 export async function insertInboxRows(
   trx: Trx,
   groupId: string,
   messages: readonly Recorded[],
 ): Promise<Set<string>> {
+  const first = messages[0];
+  if (first === undefined) return new Set();
   const distinct = new Map<string, Recorded>();
+  const ids: string[] = [];
+  const offsets: string[] = [];
+  const keys: (string | null)[] = [];
+  const tenants: (string | null)[] = [];
   for (const m of messages) {
+    if (m.topic !== first.topic || m.partition !== first.partition) {
+      throw new ValidationError('inbox rows', [
+        {
+          path: 'messages',
+          message: `must be of one partition, as the first (${first.topic}/${first.partition})`,
+          value: `${m.topic}/${m.partition}`,
+        },
+      ]);
+    }
     const k = inboxKey(m);
-    if (!distinct.has(k)) distinct.set(k, m);
+    if (distinct.has(k)) continue;
+    distinct.set(k, m);
+    ids.push(m.messageId);
+    offsets.push(m.offset);
+    keys.push(m.key);
+    tenants.push(m.tenantId ?? null);
   }
-  const rows = [...distinct.values()];
-  const ids = rows.map((m) => m.messageId);
   const inserted = await sql`
     INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", key, tenant_id)
-    SELECT ${groupId}, m.id, m.topic, m.partition, m.off, m.key, m.tenant
-      FROM unnest(${ids}::text[], ${rows.map((m) => m.topic)}::text[],
-                  ${rows.map((m) => m.partition)}::int[], ${rows.map((m) => m.offset)}::bigint[],
-                  ${rows.map((m) => m.key)}::text[], ${rows.map((m) => m.tenantId ?? null)}::text[])
-           AS m(id, topic, partition, off, key, tenant)
+    SELECT ${groupId}, m.id, ${first.topic}, ${first.partition}::int, m.off, m.key, m.tenant
+      FROM unnest(${ids}::text[], ${offsets}::bigint[], ${keys}::text[], ${tenants}::text[])
+           AS m(id, off, key, tenant)
     ON CONFLICT (consumer_group, (coalesce(tenant_id, '')), message_id) DO NOTHING
   `.execute(trx);
-  if (Number(inserted.numAffectedRows) === rows.length) return new Set(distinct.keys());
-  const { rows: fresh } = await writtenByThisTransaction(groupId, rows).execute(trx);
+  if (Number(inserted.numAffectedRows) === ids.length) return new Set(distinct.keys());
+  const { rows: fresh } = await writtenByThisTransaction(groupId, [...distinct.values()]).execute(trx);
   return new Set(fresh.map((r) => inboxKey({ messageId: r.message_id, tenantId: r.tenant_id ?? undefined })));
 }
 
