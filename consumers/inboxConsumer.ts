@@ -11,7 +11,7 @@ import { type Logger, silentLogger } from '../src/logger.js';
 import { parseOptions } from '../src/options.js';
 import { DLQ_HEADER, HEADER } from '../src/outbox/wire.js';
 import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
-import { markConsumed } from '../src/state/changelog.js';
+import { consumptionMark } from '../src/state/changelog.js';
 import { chunkSizer } from './chunkSize.js';
 import { InboxConsumerOptionsSchema } from './options.js';
 import { applyTracing } from './processSpan.js';
@@ -187,50 +187,56 @@ export function createInboxConsumerWithTestHooks(
     const counts = { applied: 0, duplicates: 0, stale: 0 };
     const latencies: number[] = [];
     const fresh = await insertInboxRows(trx, groupId, chunk);
-    for (const m of chunk) {
-      // `fresh` holds each new (tenant, id) once; a second copy in the same chunk is a duplicate too.
-      if (!fresh.delete(inboxKey(m))) {
-        counts.duplicates++;
-        continue;
-      }
-      if (options.refuseStaleVersions && m.key !== null && m.taskVersion !== undefined) {
-        const claimed = await claimVersion(trx, {
-          groupId,
-          tenantId: m.tenantId ?? null,
-          key: m.key,
-          version: m.taskVersion,
-          seq: m.taskSeq,
-          messageId: m.messageId,
-        });
-        if (!claimed) {
-          counts.stale++;
-          log.info(
-            { message_id: m.messageId, key: m.key, version: m.taskVersion, seq: m.taskSeq },
-            'stale message refused',
-          );
+    // A task changed in a handler records the message in its changelog record (a replay
+    // after a failover restores the inbox row from it).
+    const mark = consumptionMark(trx);
+    try {
+      for (const m of chunk) {
+        // `fresh` holds each new (tenant, id) once; a second copy in the same chunk is a duplicate too.
+        if (!fresh.delete(inboxKey(m))) {
+          counts.duplicates++;
           continue;
         }
-      }
-      // A task changed in the handler records this message in its changelog record (a replay
-      // after a failover restores the inbox row from it).
-      const mark = markConsumed(trx, {
-        consumer_group: groupId,
-        message_id: m.messageId,
-        topic: m.topic,
-        partition: m.partition,
-        offset: m.offset,
-        key: m.key,
-      });
-      let seconds: number | undefined;
-      try {
-        seconds = await traced.run(m, () => handler(trx, m));
+        if (options.refuseStaleVersions && m.key !== null && m.taskVersion !== undefined) {
+          const claimed = await claimVersion(trx, {
+            groupId,
+            tenantId: m.tenantId ?? null,
+            key: m.key,
+            version: m.taskVersion,
+            seq: m.taskSeq,
+            messageId: m.messageId,
+          });
+          if (!claimed) {
+            counts.stale++;
+            log.info(
+              { message_id: m.messageId, key: m.key, version: m.taskVersion, seq: m.taskSeq },
+              'stale message refused',
+            );
+            continue;
+          }
+        }
+        mark.applying({
+          consumer_group: groupId,
+          message_id: m.messageId,
+          topic: m.topic,
+          partition: m.partition,
+          offset: m.offset,
+          key: m.key,
+        });
+        let seconds: number | undefined;
+        if (traced.bare(m)) {
+          await handler(trx, m);
+          seconds = traced.observe(m);
+        } else {
+          seconds = await traced.run(m, () => handler(trx, m));
+        }
         const stamped = mark.finish();
         if (stamped) await stamped;
-      } finally {
-        mark.clear();
+        if (seconds !== undefined) latencies.push(seconds);
+        counts.applied++;
       }
-      if (seconds !== undefined) latencies.push(seconds);
-      counts.applied++;
+    } finally {
+      mark.clear();
     }
     return { counts, latencies };
   }

@@ -30,22 +30,44 @@ export interface InboxMessage {
 
 const count = (v: string | undefined) => (v !== undefined && /^\d{1,15}$/.test(v) ? Number(v) : undefined);
 
+/**
+ * An InboxMessage whose json() lives on the prototype: one object per message, not also a
+ * closure per message.
+ */
+class ReceivedInboxMessage implements InboxMessage {
+  readonly messageId: string;
+  readonly topic: string;
+  readonly partition: number;
+  readonly offset: string;
+  readonly key: string | null;
+  readonly headers: Readonly<Record<string, string>>;
+  readonly value: Buffer | null;
+  readonly timestamp: number | undefined;
+  readonly tenantId: string | undefined;
+  readonly taskId: string | undefined;
+  readonly taskVersion: number | undefined;
+  readonly taskSeq: number;
+
+  constructor(m: ReceivedMessage) {
+    this.messageId = m.headers[HEADER.messageId] ?? `${m.topic}:${m.partition}:${m.offset}`;
+    this.topic = m.topic;
+    this.partition = m.partition;
+    this.offset = m.offset;
+    this.key = m.key;
+    this.headers = m.headers;
+    this.value = m.value;
+    this.timestamp = m.timestamp;
+    this.tenantId = m.headers[HEADER.tenant] || undefined;
+    this.taskId = m.headers[HEADER.taskId] || undefined;
+    this.taskVersion = count(m.headers[HEADER.taskVersion]);
+    this.taskSeq = count(m.headers[HEADER.taskSeq]) ?? 0;
+  }
+
+  json<T = unknown>(): T {
+    return JSON.parse(this.value?.toString('utf8') ?? 'null') as T;
+  }
+}
+
 export function toInboxMessage(m: ReceivedMessage): InboxMessage {
-  return {
-    messageId: m.headers[HEADER.messageId] ?? `${m.topic}:${m.partition}:${m.offset}`,
-    topic: m.topic,
-    partition: m.partition,
-    offset: m.offset,
-    key: m.key,
-    headers: m.headers,
-    value: m.value,
-    timestamp: m.timestamp,
-    tenantId: m.headers[HEADER.tenant] || undefined,
-    taskId: m.headers[HEADER.taskId] || undefined,
-    taskVersion: count(m.headers[HEADER.taskVersion]),
-    taskSeq: count(m.headers[HEADER.taskSeq]) ?? 0,
-    json<T>() {
-      return JSON.parse(m.value?.toString('utf8') ?? 'null') as T;
-    },
-  };
+  return new ReceivedInboxMessage(m);
 }

@@ -16,6 +16,13 @@ export interface ApplyTracing {
    * the message's trace; then reports the message's publish-to-apply latency.
    */
   run(m: InboxMessage, handle: () => Promise<void>): Promise<number | undefined>;
+  /**
+   * True when `m` needs no span (see run): the caller then awaits its handler itself and takes
+   * `observe(m)`, without run's closure and promise per message.
+   */
+  bare(m: InboxMessage): boolean;
+  /** The publish-to-apply latency to report for `m` (once committed); undefined when nobody listens. */
+  observe(m: InboxMessage): number | undefined;
   /** Reports the publish-to-apply latencies `run` returned, once their transaction committed. */
   committed(latencies: readonly number[]): void;
   readonly observed: Observations<InboxObservation>;
@@ -30,13 +37,17 @@ export function applyTracing(groupId: string): ApplyTracing {
     m.timestamp !== undefined && Number.isFinite(m.timestamp) && m.timestamp > 0
       ? Math.max(0, Date.now() - m.timestamp) / 1000
       : undefined;
+  // Without an SDK and without a traceparent, the no-op span would only carry the active
+  // context, which the handler runs in anyway: skipped, it saves ~2 µs of Node per message
+  // (bench/inbox.ts, same run). With a traceparent the span still carries the message's
+  // trace to what the handler enqueues, SDK or not.
+  const bare = (m: InboxMessage) => !otel || (!m.headers.traceparent && noTracerRegistered());
+  const observe = (m: InboxMessage) => (observed.listening ? latency(m) : undefined);
   return {
+    bare,
+    observe,
     async run(m, handle) {
-      // Without an SDK and without a traceparent, the no-op span would only carry the active
-      // context, which the handler runs in anyway: skipped, it saves ~2 µs of Node per message
-      // (bench/inbox.ts, same run). With a traceparent the span still carries the message's
-      // trace to what the handler enqueues, SDK or not.
-      if (!otel || (!m.headers.traceparent && noTracerRegistered())) {
+      if (bare(m)) {
         await handle();
       } else {
         const parent = contextFromHeaders(m.headers.traceparent, m.headers.tracestate);
@@ -60,7 +71,7 @@ export function applyTracing(groupId: string): ApplyTracing {
           handle,
         );
       }
-      return observed.listening ? latency(m) : undefined;
+      return observe(m);
     },
     committed(latencies) {
       // Only now: a chunk that rolled back and was applied again one by one counts each message once.

@@ -214,7 +214,7 @@ export function verifyEnvelope(e: ChangelogEnvelope, ring: KeyRing | undefined) 
 
 // The inbox consumer names the message a handler runs for on the handler's transaction, so a
 // transition made in it records what it consumed (and a replay restores the inbox row).
-const consumedIn = new WeakMap<object, { m: ConsumedMessage; records: string[] }>();
+const consumedIn = new WeakMap<object, { m: ConsumedMessage | null; records: string[] }>();
 
 /**
  * The header the inbox consumer puts on every changelog record its handler wrote for one
@@ -224,19 +224,32 @@ const consumedIn = new WeakMap<object, { m: ConsumedMessage; records: string[] }
  */
 export const CONSUMED_RECORDS_HEADER = 'changelog-records-of-consumption';
 
+/** A transaction's consumption mark: which message its handler is applying now. */
+export interface ConsumptionMark {
+  /** From now on, records written in the transaction name `m` (until the next `applying`). */
+  applying(m: ConsumedMessage): void;
+  /**
+   * After the handler, in the transaction: stamps the records written for the current message
+   * with how many there were; undefined when there were none (most messages: no promise).
+   */
+  finish(): Promise<void> | undefined;
+  /** Ends the mark. */
+  clear(): void;
+}
+
 /**
- * Marks `trx` as the transaction applying `m` (consumers/inboxConsumer.ts): records written in
- * it name `m`. `finish` (after the handler, in the transaction) stamps them with how many there
- * were, and returns undefined when the handler wrote none (most messages: no promise to wait
- * for); `clear` ends the mark.
+ * Marks `trx` as the transaction applying inbox messages (consumers/inboxConsumer.ts), one
+ * mark for all the messages of a chunk, moved on with `applying` before each handler: one
+ * WeakMap entry per transaction, not per message.
  */
-export function markConsumed(
-  trx: Executor,
-  m: ConsumedMessage,
-): { finish: () => Promise<void> | undefined; clear: () => void } {
-  const mark = { m, records: [] as string[] };
+export function consumptionMark(trx: Executor): ConsumptionMark {
+  const mark: { m: ConsumedMessage | null; records: string[] } = { m: null, records: [] };
   consumedIn.set(trx, mark);
   return {
+    applying(m) {
+      mark.m = m;
+      if (mark.records.length > 0) mark.records = [];
+    },
     finish() {
       if (mark.records.length === 0) return undefined;
       return sql`
@@ -247,6 +260,13 @@ export function markConsumed(
     },
     clear: () => consumedIn.delete(trx),
   };
+}
+
+/** Marks `trx` as the transaction applying `m` alone (see consumptionMark). */
+export function markConsumed(trx: Executor, m: ConsumedMessage): ConsumptionMark {
+  const mark = consumptionMark(trx);
+  mark.applying(m);
+  return mark;
 }
 
 /** The transition a TaskStore is about to commit, as the changelog needs it. */
