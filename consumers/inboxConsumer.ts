@@ -22,7 +22,7 @@ import { recordDeadLetter } from './sql/recordDeadLetter.js';
 
 export { type InboxMessage, toInboxMessage } from './inboxMessage.js';
 
-import { type InboxMessage, toInboxMessage } from './inboxMessage.js';
+import { consumedAs, type InboxMessage, toInboxMessage } from './inboxMessage.js';
 
 /**
  * Runs inside the transaction that also records the message as applied: write your effects
@@ -66,9 +66,8 @@ export interface InboxConsumerOptions<Tables extends AppTables = NoTables> {
   handler: InboxHandler<Tables>;
   logger?: Logger;
   /**
-   * Messages applied per database transaction (one Kafka batch is cut into chunks of this
-   * size). Default: as many as fit into about a second at the pace of the previous
-   * transaction, up to 5,000 (the whole batch, for a fast handler).
+   * Messages per database transaction (a Kafka batch is cut into chunks). Default: as many as fit
+   * into about a second at the previous transaction's pace, up to 5,000 (consumers/chunkSize.ts).
    */
   chunkSize?: number;
   /** Attempts for a failing message before it goes to the dead-letter topic. */
@@ -215,14 +214,7 @@ export function createInboxConsumerWithTestHooks(
             continue;
           }
         }
-        mark.applying({
-          consumer_group: groupId,
-          message_id: m.messageId,
-          topic: m.topic,
-          partition: m.partition,
-          offset: m.offset,
-          key: m.key,
-        });
+        mark.applying(consumedAs(groupId, m));
         let seconds: number | undefined;
         if (traced.bare(m)) {
           await handler(trx, m);

@@ -1,5 +1,6 @@
 import type { ReceivedMessage } from '../src/kafka/subscriber.js';
 import { HEADER } from '../src/outbox/wire.js';
+import type { ConsumedMessage } from '../src/state/changelog.js';
 
 /**
  * A message as the handler sees it: Kafka's coordinates and bytes, and what Cairn's headers
@@ -70,4 +71,16 @@ class ReceivedInboxMessage implements InboxMessage {
 
 export function toInboxMessage(m: ReceivedMessage): InboxMessage {
   return new ReceivedInboxMessage(m);
+}
+
+/** What a changelog record written by `m`'s handler says it consumed. */
+export function consumedAs(groupId: string, m: InboxMessage): ConsumedMessage {
+  return {
+    consumer_group: groupId,
+    message_id: m.messageId,
+    topic: m.topic,
+    partition: m.partition,
+    offset: m.offset,
+    key: m.key,
+  };
 }
