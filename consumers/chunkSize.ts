@@ -14,7 +14,8 @@ export interface ChunkSizer {
 
 /**
  * A set `chunkSize` is the size of every chunk. Without one, each transaction takes as many
- * messages as the previous one's pace says fit into about a second, up to MAX_CHUNK: a fast
+ * messages as the previous one's pace says fit into about a second, up to MAX_CHUNK (growing at
+ * most twofold from one chunk to the next): a fast
  * handler then gets the whole Kafka batch in one transaction, and a slow one still commits (and
  * heartbeats: between chunks) about once a second, as the fixed default of 500 did at 2 ms per
  * message. Every transaction costs a BEGIN, a COMMIT (a WAL flush) and an offset commit to the
@@ -29,7 +30,10 @@ export function chunkSizer(fixed: number | undefined): ChunkSizer {
     next: () => size,
     took(messages, ms) {
       const perMessage = ms / Math.max(1, messages);
-      size = Math.max(1, Math.min(MAX_CHUNK, Math.floor(CHUNK_BUDGET_MS / Math.max(perMessage, 1e-3))));
+      // Down at once, up at most twofold: one quick chunk (say, every message a duplicate) must
+      // not make the next, maybe slow, one ten times as large.
+      const fits = Math.floor(CHUNK_BUDGET_MS / Math.max(perMessage, 1e-3));
+      size = Math.max(1, Math.min(MAX_CHUNK, size * 2, fits));
     },
   };
 }
