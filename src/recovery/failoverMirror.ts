@@ -81,7 +81,9 @@ export interface UnmirroredMessage {
  * Nor is a message older than the group's oldest inbox row left here (by its record timestamp,
  * less a minute for clocks): inbox pruning (consumers/sql/pruneInbox.ts) deletes rows by age,
  * so a row missing from before the oldest one kept may have been pruned; a message applied
- * after it would still have its row. A group with no inbox row left is judged whole.
+ * after it would still have its row. A group with no inbox row left is judged whole. A row the
+ * changelog replay restored carries its message's record time, never the replay's (which
+ * would put the horizon after every loss it is there to find).
  */
 export async function lostConsumptionsOnMirror(
   db: Db,
