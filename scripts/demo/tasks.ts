@@ -11,6 +11,14 @@ export async function createDemoTask(db: Db, store: TaskStore, run: string, i: n
   const taskId = demoTaskId(i);
   const outbox = createOutbox();
   await db.transaction().execute(async (trx) => {
+    // The message first: the checkpoint create() takes then names it as pending work. Enqueued
+    // after, the first checkpoint named nothing, and a failover check on a mirror could not tell
+    // a planning message published but never mirrored (the task waiting for it forever, not held).
+    await outbox.enqueue(
+      trx,
+      [{ topic: topicOf(run, 'planning'), key: taskId, payload: { task: taskId, stage: 'planning' } }],
+      { taskVersion: 1 },
+    );
     await store.create({
       task: {
         tenant_id: 'demo',
@@ -22,11 +30,6 @@ export async function createDemoTask(db: Db, store: TaskStore, run: string, i: n
       actor: 'spiffe://demo.cairn.local/orchestrator',
       trx,
     });
-    await outbox.enqueue(
-      trx,
-      [{ topic: topicOf(run, 'planning'), key: taskId, payload: { task: taskId, stage: 'planning' } }],
-      { taskVersion: 1 },
-    );
   });
   return taskId;
 }
