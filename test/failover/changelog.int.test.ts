@@ -7,7 +7,6 @@ import { promisify } from 'node:util';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
-import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
 import { createRelay } from '../../relay/relay.js';
 import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys, type TenantKeys } from '../../src/crypto/tenantKeys.js';
@@ -15,7 +14,6 @@ import type { Db } from '../../src/db/database.js';
 import { UnavailableError } from '../../src/errors.js';
 import { createKafkaAdmin } from '../../src/kafka/admin.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
-import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';
 import { type ReplayChangelogOptions, replayChangelog } from '../../src/recovery/replayChangelog.js';
 import {
@@ -34,6 +32,7 @@ import {
   type TestDatabase,
 } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
+import { runRegionAAgent } from './regionAgent.js';
 
 /**
  * Issue 20. Region A and region B are two databases: both run the same changes up to the cut
@@ -365,30 +364,7 @@ describe('changelog replay after an asynchronous failover', () => {
       ],
     });
     await producer.disconnect();
-    const group = `changelog-agent-${Date.now()}`;
-    const consumer = createInboxConsumer({
-      db: a.db,
-      groupId: group,
-      subscriber: createKafkaSubscriber({ brokers: kafkaBrokers(), groupId: group, topics: [stage] }),
-      dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
-      handler: async (trx, m) => {
-        const u = await A.update({
-          taskId: m.key!,
-          expectedVersion: 1,
-          patch: planApproved(),
-          actor: AGENT,
-          trx,
-        });
-        if (!u.ok) throw u.error;
-      },
-    });
-    const consuming = consumer.run();
-    try {
-      await waitFor('the agent in region A to apply the message', async () => consumer.stats().applied === 1);
-    } finally {
-      await consumer.stop();
-      await consuming;
-    }
+    const group = await runRegionAAgent({ db: a.db, store: A, topic: stage, applied: 1 });
     await A.update({ taskId: 'RC-GAP', expectedVersion: 1, patch: planApproved(), actor: AGENT });
     await A.update({
       taskId: 'RC-GAP',

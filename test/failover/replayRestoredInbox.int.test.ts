@@ -1,16 +1,14 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
 import { createRelay } from '../../relay/relay.js';
 import { createKafkaAdmin } from '../../src/kafka/admin.js';
 import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
-import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { HEADER } from '../../src/outbox/wire.js';
 import { checkAfterFailover } from '../../src/recovery/failover.js';
 import { replayChangelog } from '../../src/recovery/replayChangelog.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
-import { AGENT, newTask, planApproved } from '../state/fixtures.js';
+import { AGENT, newTask } from '../state/fixtures.js';
 import {
   createTestDatabase,
   createTestTopic,
@@ -19,6 +17,7 @@ import {
   uniqueTopic,
 } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
+import { runRegionAAgent } from './regionAgent.js';
 
 // The lagging-mirror failover that left a task stuck and not held: region A's agent consumed two
 // old stage messages after the cut; MirrorMaker had mirrored the changelog record of one task
@@ -85,30 +84,7 @@ it('an inbox row the replay restores keeps its message time: an older lost consu
   await producer.disconnect();
 
   // Region A alone: its agent applies both (each moves its task on in the inbox transaction).
-  const group = `restored-inbox-agent-${Date.now()}`;
-  const consumer = createInboxConsumer({
-    db: a.db,
-    groupId: group,
-    subscriber: createKafkaSubscriber({ brokers: kafkaBrokers(), groupId: group, topics: [stage] }),
-    dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
-    handler: async (trx, m) => {
-      const u = await A.update({
-        taskId: m.key!,
-        expectedVersion: 1,
-        patch: planApproved(),
-        actor: AGENT,
-        trx,
-      });
-      if (!u.ok) throw u.error;
-    },
-  });
-  const consuming = consumer.run();
-  try {
-    await waitFor('the agent in region A to apply both messages', async () => consumer.stats().applied === 2);
-  } finally {
-    await consumer.stop();
-    await consuming;
-  }
+  const group = await runRegionAAgent({ db: a.db, store: A, topic: stage, applied: 2 });
   // RI-Y's changelog record never reaches region B (the mirror lagged): as if never published.
   await sql`DELETE FROM outbox WHERE task_id = 'RI-Y'`.execute(a.db);
   const relay = createRelay({ db: a.db, publisher: createKafkaPublisher({ brokers: kafkaBrokers() }) });
