@@ -109,6 +109,13 @@ export interface FailoverCheckOptions {
    * exist, so that a message published here is not taken for one never mirrored.
    */
   sourcePrefix?: string;
+  /**
+   * With `sourcePrefix`: how long the groups' consumers keep inbox rows (their `retentionMs`;
+   * default 7 days, the consumers' default). Only a message older than that (and than the
+   * group's oldest row kept) may be missing because pruning removed its row; a younger one
+   * missing is a loss.
+   */
+  inboxRetentionMs?: number;
 }
 
 const topicList = z.array(z.string().min(1)).readonly();
@@ -124,6 +131,7 @@ const FailoverCheckOptionsSchema = optionsSchema<FailoverCheckOptions>()(
       .readonly()
       .optional(),
     sourcePrefix: z.string().min(1).optional(),
+    inboxRetentionMs: z.number().int().positive().optional(),
   }),
 );
 
@@ -138,6 +146,7 @@ async function lostConsumptions(
   o: {
     consumers: ReadonlyArray<{ groupId: string; topics: readonly string[] }>;
     sourcePrefix: string | undefined;
+    inboxRetentionMs: number | undefined;
     ends: EndOffsets;
     /** The groups' offsets, read before the topics (the check's snapshot). */
     commits: GroupCommits;
@@ -148,7 +157,7 @@ async function lostConsumptions(
   for (const c of o.consumers) {
     const committed = o.commits.get(c.groupId) ?? [];
     if (o.sourcePrefix !== undefined) {
-      lost.push(...(await lostConsumptionsOnMirror(db, c.groupId, committed, messages)));
+      lost.push(...(await lostConsumptionsOnMirror(db, c.groupId, committed, messages, o.inboxRetentionMs)));
       // A partition the mirror holds messages on, without a translated offset: MirrorMaker
       // never checkpointed the group there (or not yet). Nothing here says what it consumed.
       for (const t of committed) {
@@ -299,6 +308,7 @@ export async function checkAfterFailover(
   const { lost: consumed, notJudged } = await lostConsumptions(db, messages, {
     consumers: o.consumers ?? [],
     sourcePrefix: o.sourcePrefix,
+    inboxRetentionMs: o.inboxRetentionMs,
     ends,
     commits,
   });

@@ -21,6 +21,8 @@ import { deletedByRetention, retentionKey } from './retentionDeleted.js';
 
 /** Clocks of the relay's host (record timestamps) and the database (applied_at) may disagree by this much. */
 const PRUNE_CLOCK_MARGIN_MS = 60_000;
+/** The inbox consumers' default retention (consumers/inboxConsumer.ts `retentionMs`). */
+const DEFAULT_INBOX_RETENTION_MS = 7 * 24 * 3600 * 1000;
 
 /** A group's partitions of a mirror topic that hold messages but no translated offset of the group. */
 export interface GroupNotJudged {
@@ -78,12 +80,14 @@ export interface UnmirroredMessage {
  * The mirror keeps a topic's whole retained history, older than anything the database still
  * holds: a message of a task that retention deleted here (its inbox rows went with it; a
  * deletion certificate names it and the task is gone) is not a loss and is not reported.
- * Nor is a message older than the group's oldest inbox row left here (by its record timestamp,
- * less a minute for clocks): inbox pruning (consumers/sql/pruneInbox.ts) deletes rows by age,
- * so a row missing from before the oldest one kept may have been pruned; a message applied
- * after it would still have its row. A group with no inbox row left is judged whole. A row the
- * changelog replay restored carries its message's record time, never the replay's (which
- * would put the horizon after every loss it is there to find).
+ * Nor is a message whose row pruning may have removed: inbox pruning (consumers/sql/pruneInbox.ts)
+ * deletes rows older than the consumers' retention (`inboxRetentionMs`, default 7 days), so a
+ * message older than that and than the group's oldest row kept (by its record timestamp, less
+ * a minute for clocks) is not judged. Both bounds: a row the changelog replay restored is
+ * stamped with the replay's time (a record timestamp is the producer's to choose: an old one
+ * had the row pruned right after the replay and the message applied again, a future one moved
+ * the horizon past the losses), so the oldest row alone could put the horizon after every
+ * loss it is there to find. A group with no inbox row left is judged whole.
  */
 export async function lostConsumptionsOnMirror(
   db: Db,
@@ -93,6 +97,7 @@ export async function lostConsumptionsOnMirror(
     partitions: ReadonlyArray<{ partition: number; offset: string }>;
   }>,
   messages: readonly SeenMessage[],
+  inboxRetentionMs = DEFAULT_INBOX_RETENTION_MS,
 ): Promise<LostConsumption[]> {
   const next = new Map(
     committed.flatMap((t) =>
@@ -117,7 +122,9 @@ export async function lostConsumptionsOnMirror(
   const held = new Set(rows.map((r) => key(r.tenant_id, r.message_id)));
   const oldest = await sql<{ at: Date | null }>`
     SELECT min(applied_at) AS at FROM inbox WHERE consumer_group = ${groupId}`.execute(db);
-  const horizon = oldest.rows[0]?.at ? oldest.rows[0].at.getTime() - PRUNE_CLOCK_MARGIN_MS : null;
+  const horizon = oldest.rows[0]?.at
+    ? Math.min(oldest.rows[0].at.getTime(), Date.now() - inboxRetentionMs) - PRUNE_CLOCK_MARGIN_MS
+    : null;
   const missing = past.filter(
     (m) =>
       !held.has(key(m.tenant, m.messageId)) &&

@@ -298,27 +298,22 @@ export async function replayChangelog(
   // message that is not there (another tenant's, say), must not mark it applied.
   for (const { c, tenantId, applied, expected } of consumed.values()) {
     const copies = onBroker.get(`${tenantId}\u0000${c.message_id}`) ?? [];
-    const proof = copies.find(
+    const proven = copies.some(
       (m) =>
         m.topic === `${o.sourcePrefix ?? ''}${c.topic}` &&
         (o.sourcePrefix !== undefined || (m.partition === c.partition && m.offset === c.offset)),
     );
-    if (!proof || expected === null || applied !== expected) {
+    if (!proven || expected === null || applied !== expected) {
       report.inboxRowsNotRestored++;
       continue;
     }
-    // applied_at: the message's own record time, never the replay's. The failover check takes
-    // a group's oldest inbox row for the age horizon of inbox pruning (failoverMirror.ts); a
-    // restored row stamped now() moved that horizon to the replay, and every lost consumption
-    // of the group older than a minute before it was taken for pruned, its task neither held
-    // nor re-delivered. The message was published before it was consumed: never later than the
-    // row region A wrote, so the horizon can only move back.
-    const at = Number(proof.timestamp);
-    const appliedAt = proof.timestamp !== undefined && Number.isFinite(at) && at > 0 ? new Date(at) : null;
+    // applied_at: the replay's time, so pruning keeps the row a full retention from now (a
+    // message's record time is its producer's to choose: an old one had the row pruned at once
+    // and the message applied again). The failover check does not read loss out of it
+    // (failoverMirror.ts: only messages older than the inbox retention may have been pruned).
     const r = await sql`
-      INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", tenant_id, key, applied_at)
-      VALUES (${c.consumer_group}, ${c.message_id}, ${c.topic}, ${c.partition}, ${c.offset}, ${tenantId}, ${c.key},
-              coalesce(${appliedAt}::timestamptz, now()))
+      INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", tenant_id, key)
+      VALUES (${c.consumer_group}, ${c.message_id}, ${c.topic}, ${c.partition}, ${c.offset}, ${tenantId}, ${c.key})
       ON CONFLICT DO NOTHING`.execute(db);
     report.restoredInboxRows += Number(r.numAffectedRows ?? 0);
   }

@@ -247,7 +247,7 @@ describe("the mirror's history older than retention here", () => {
     expect(r.divergedTasks).not.toContain('RET-1');
     expect(r.divergedTasks).toContain('GONE-1');
   });
-  it('a message older than the oldest inbox row the group kept (pruned by age) is not lost; a recent one missing still is', async () => {
+  it('a message older than the inbox retention and the oldest row the group kept (pruned by age) is not lost; a recent one missing still is', async () => {
     const store = createTaskStore({ db: b.db, cacheSize: 0 });
     await store.create({ task: newTask('PRUNE-1'), actor: AGENT });
     const { mirror } = await topics('pruned');
@@ -265,8 +265,16 @@ describe("the mirror's history older than retention here", () => {
       topics: [mirror],
       consumers: [{ groupId: 'prune-g', topics: [mirror] }],
       sourcePrefix: PREFIX,
+      inboxRetentionMs: 86_400_000, // the group's consumers keep inbox rows for a day
     });
     expect(r.lostConsumptions.map((l) => l.offset)).toEqual(['2']);
+    // With the default retention (7 days) the 2-day-old message could not have been pruned: lost.
+    const byDefault = await checkAfterFailover(b.db, reader, {
+      topics: [mirror],
+      consumers: [{ groupId: 'prune-g', topics: [mirror] }],
+      sourcePrefix: PREFIX,
+    });
+    expect(byDefault.lostConsumptions.map((l) => l.offset)).toEqual(['0', '2']);
   });
 });
 
