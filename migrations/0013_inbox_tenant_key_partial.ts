@@ -10,7 +10,8 @@ import { type Kysely, sql } from 'kysely';
  *
  * Measured (bench/inbox.ts's 200,000 messages, no tenant, whole-batch transactions, full and
  * partial index alternating, 4 rounds, one run): Postgres CPU per inbox row 16.4 -> 13.4 µs.
- * Rebuilding the index holds off inbox writes while it runs (in the migration's transaction).
+ * Rebuilding the index holds off inbox reads and writes while it runs (DROP INDEX takes an ACCESS
+ * EXCLUSIVE lock until the migration's transaction commits).
  */
 export async function up(db: Kysely<unknown>): Promise<void> {
   await sql`

@@ -1,0 +1,79 @@
+// Chunks sized by pace (consumers/chunkSize.ts) after a rebalance: redelivered duplicates are
+// fast, and sizing the next chunk on them (review finding: 500 -> 1000 -> 2000 -> 4000) made a
+// chunk of fresh messages with a handler of a few ms run past the group's session (10 s) with
+// no heartbeat (they go between chunks): the consumer was evicted and its offset commit failed.
+import { setTimeout as sleep } from 'node:timers/promises';
+import { sql } from 'kysely';
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
+import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
+import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
+import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
+import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
+import { waitFor } from '../support/topicReader.js';
+
+let t: TestDatabase;
+const kafka = kafkaClient(kafkaBrokers(), 'chunk-session-session');
+beforeAll(async () => {
+  t = await createTestDatabase('chunk_session');
+});
+afterAll(async () => {
+  await t?.drop();
+});
+
+it('a chunk never outlasts the session: duplicates first, then fresh messages at ~4 ms each', async () => {
+  const topic = uniqueTopic('chunk-session');
+  const admin = kafka.admin();
+  await admin.connect();
+  await createTopicsAndWait(admin, [{ topic, numPartitions: 1 }]);
+  await admin.disconnect();
+  const N = 8000;
+  const DUPS = 3500; // applied before a rebalance (their inbox rows exist): redelivered now
+  const producer = kafka.producer();
+  await producer.connect();
+  for (let i = 0; i < N; i += 1000)
+    await producer.send({
+      topic,
+      messages: Array.from({ length: 1000 }, (_, j) => ({ key: `k${(i + j) % 50}`, value: `m${i + j}` })),
+    });
+  await producer.disconnect();
+  const group = `chunk-session-${Date.now()}`;
+  await sql`INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset")
+            SELECT ${group}, ${topic} || ':0:' || o, ${topic}, 0, o FROM generate_series(0, ${DUPS - 1}) o`.execute(
+    t.db,
+  );
+  const chunks: Array<{ applied: number; duplicates: number; ms: number }> = [];
+  let last = performance.now();
+  const consumer = createInboxConsumer({
+    db: t.db,
+    groupId: group,
+    subscriber: createKafkaSubscriber({
+      brokers: kafkaBrokers(),
+      groupId: group,
+      topics: [topic],
+      fromBeginning: true,
+    }),
+    dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+    handler: async () => {
+      await sleep(3); // a handler of a few ms (a task update with its checkpoint, say)
+    },
+    onCommitted: (c) => {
+      const now = performance.now();
+      chunks.push({ ...c, ms: Math.round(now - last) });
+      last = now;
+    },
+  });
+  const running = consumer.run();
+  try {
+    await waitFor(
+      'all consumed',
+      async () => consumer.stats().applied + consumer.stats().duplicates >= N,
+      120_000,
+    );
+  } finally {
+    await consumer.stop();
+    await running;
+  }
+  expect(Math.max(...chunks.map((c) => c.ms))).toBeLessThan(10_000);
+  expect(consumer.stats().offsetCommitFailures).toBe(0);
+}, 180_000);
