@@ -1,9 +1,12 @@
 import { sql } from 'kysely';
-import { afterAll, beforeAll, expect, it } from 'vitest';
+import { afterAll, expect, it } from 'vitest';
+import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
+import { pruneInbox } from '../../consumers/sql/pruneInbox.js';
 import { createRelay } from '../../relay/relay.js';
 import { createKafkaAdmin } from '../../src/kafka/admin.js';
 import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
+import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { HEADER } from '../../src/outbox/wire.js';
 import { checkAfterFailover } from '../../src/recovery/failover.js';
 import { replayChangelog } from '../../src/recovery/replayChangelog.js';
@@ -23,31 +26,27 @@ import { runRegionAAgent } from './regionAgent.js';
 // old stage messages after the cut; MirrorMaker had mirrored the changelog record of one task
 // (rebuilt, its inbox row restored) but nothing new of the other, and had translated the group's
 // offset past both. The check's pruning horizon (the group's oldest inbox row, failoverMirror.ts)
-// then came from the restored row, stamped with the replay's time: the other task's lost
-// consumption was taken for pruned, and region B's agent, starting after the message, never got it.
+// came from the restored row, stamped with the replay's time: the other task's lost consumption
+// was taken for pruned, and region B's agent, starting after the message, never got it. Nor may a
+// message's record time, which its producer chooses, make region B apply a message twice or hide
+// a loss (the second review's findings, when restored rows took the message's time).
 
 const PREFIX = 'A.';
-let a: TestDatabase;
-let b: TestDatabase;
-const kafka = kafkaClient(kafkaBrokers(), 'replay-restored-inbox');
-const reader = createKafkaAdmin({ brokers: kafkaBrokers(), clientId: 'replay-restored-inbox-reader' });
+const kafka = kafkaClient(kafkaBrokers(), 'restored-time-ts');
+const reader = createKafkaAdmin({ brokers: kafkaBrokers(), clientId: 'restored-time-ts-reader' });
 const clock = () => new Date('2026-12-01T00:00:00.000Z');
-
-beforeAll(async () => {
-  [a, b] = await Promise.all([
-    createTestDatabase('restored_inbox_a'),
-    createTestDatabase('restored_inbox_b'),
-  ]);
-});
+const dbs: TestDatabase[] = [];
 afterAll(async () => {
   await reader.close();
-  await a?.drop();
-  await b?.drop();
+  for (const d of dbs) await d.drop();
 });
 
-it('an inbox row the replay restores keeps its message time: an older lost consumption of the group is still reported and its task held', async () => {
-  const changelog = await createTestTopic('restored-inbox-changelog', 1);
-  const stage = uniqueTopic('restored-inbox-stage');
+/** Region A applies go-RI-X (record time xAt) and go-RI-Y (5 min ago); only RI-X's changelog record reaches B. */
+async function scenario(name: string, xAt: number) {
+  const [a, b] = await Promise.all([createTestDatabase(`${name}_a`), createTestDatabase(`${name}_b`)]);
+  dbs.push(a, b);
+  const changelog = await createTestTopic(`${name}-changelog`, 1);
+  const stage = uniqueTopic(`${name}-stage`);
   const mirror = `${PREFIX}${stage}`;
   const admin = kafka.admin();
   await admin.connect();
@@ -58,17 +57,14 @@ it('an inbox row the replay restores keeps its message time: an older lost consu
   await admin.disconnect();
   const store = (db: TestDatabase['db']) => createTaskStore({ db, clock, changelog: { topic: changelog } });
   const [A, B] = [store(a.db), store(b.db)];
-  // Both regions up to the cut.
   for (const s of [A, B])
     for (const id of ['RI-X', 'RI-Y']) await s.create({ task: newTask(id), actor: AGENT });
   await sql`DELETE FROM outbox`.execute(a.db);
-
-  // Two stage messages published five minutes ago, in region A and (copied) on the mirror.
-  const sent = Date.now() - 5 * 60_000;
-  const message = (taskId: string) => ({
+  const yAt = Date.now() - 5 * 60_000;
+  const message = (taskId: string, at: number) => ({
     key: taskId,
     value: '{}',
-    timestamp: String(sent),
+    timestamp: String(at),
     headers: {
       [HEADER.messageId]: `go-${taskId}`,
       [HEADER.tenant]: 'acme',
@@ -80,9 +76,8 @@ it('an inbox row the replay restores keeps its message time: an older lost consu
   const producer = kafka.producer();
   await producer.connect();
   for (const topic of [stage, mirror])
-    await producer.send({ topic, messages: [message('RI-X'), message('RI-Y')] });
+    await producer.send({ topic, messages: [message('RI-X', xAt), message('RI-Y', yAt)] });
   await producer.disconnect();
-
   // Region A alone: its agent applies both (each moves its task on in the inbox transaction).
   const group = await runRegionAAgent({ db: a.db, store: A, topic: stage, applied: 2 });
   // RI-Y's changelog record never reaches region B (the mirror lagged): as if never published.
@@ -91,7 +86,7 @@ it('an inbox row the replay restores keeps its message time: an older lost consu
   const running = relay.run();
   try {
     await waitFor(
-      "region A's outbox to be published",
+      'A outbox published',
       async () =>
         (await sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox`.execute(a.db)).rows[0]!.n === 0,
     );
@@ -99,16 +94,18 @@ it('an inbox row the replay restores keeps its message time: an older lost consu
     await relay.stop();
     await running;
   }
-
-  // Region B: the replay rebuilds RI-X and restores its inbox row.
   const replay = await replayChangelog(b.db, reader, {
     topic: changelog,
     actor: 'spiffe://acme.example/operator',
     deadlineMs: 30_000,
   });
-  expect(replay).toMatchObject({ rebuilt: [{ taskId: 'RI-X', from: 1, to: 2 }], restoredInboxRows: 1 });
+  expect(replay).toMatchObject({ restoredInboxRows: 1 });
+  return { a, b, group, mirror };
+}
 
-  // MirrorMaker translated the group's offset past both messages on the mirror.
+it('an inbox row the replay restores does not move the pruning horizon: an older lost consumption of the group is still reported and its task held', async () => {
+  const sent = Date.now() - 5 * 60_000;
+  const { b, group, mirror } = await scenario('ri_recent', sent);
   const offsets = kafka.admin();
   await offsets.connect();
   await offsets.setOffsets({ groupId: group, topic: mirror, partitions: [{ partition: 0, offset: '2' }] });
@@ -120,9 +117,57 @@ it('an inbox row the replay restores keeps its message time: an older lost consu
   });
   expect(report.lostConsumptions.map((l) => [l.taskId, l.messageId])).toEqual([['RI-Y', 'go-RI-Y']]);
   expect(report.divergedTasks).toEqual(['RI-Y']);
-  // The restored row carries the replay's time (pruning keeps it a full retention from now); the
-  // check no longer reads a pruning horizon out of it alone (restoredInboxTime.int.test.ts).
+  // The restored row carries the replay's time (pruning keeps it a full retention from now).
   const rows = await b.db.selectFrom('inbox').select(['message_id', 'applied_at']).execute();
   expect(rows.map((r) => r.message_id)).toEqual(['go-RI-X']);
   expect(rows[0]!.applied_at.getTime()).toBeGreaterThan(sent);
+});
+
+it('a restored message with a record time in the future does not hide the lost consumption of another', async () => {
+  const { b, group, mirror } = await scenario('rts_future', Date.now() + 2 * 3600_000); // producer clock 2 h ahead
+  const offsets = kafka.admin();
+  await offsets.connect();
+  await offsets.setOffsets({ groupId: group, topic: mirror, partitions: [{ partition: 0, offset: '2' }] });
+  await offsets.disconnect();
+  const report = await checkAfterFailover(b.db, reader, {
+    topics: [mirror],
+    consumers: [{ groupId: group, topics: [mirror] }],
+    sourcePrefix: PREFIX,
+  });
+  expect(report.lostConsumptions.map((l) => [l.taskId, l.messageId])).toEqual([['RI-Y', 'go-RI-Y']]);
+  expect(report.divergedTasks).toEqual(['RI-Y']);
+});
+
+it('a restored message with an old record time keeps its inbox row through pruning: region B does not apply it again', async () => {
+  const { b, group, mirror } = await scenario('rts_old', Date.now() - 8 * 24 * 3600_000); // 8 days old (lag / clock behind)
+  // Region A's own row for it says applied now: kept 7 more days there.
+  const removed = await pruneInbox(b.db, { olderThanMs: 7 * 24 * 3600_000 }); // the consumer's default retention
+  // Region B's agent starts from a lagging translated offset (0) on the mirror.
+  let appliedAgainInB = 0;
+  const consumer = createInboxConsumer({
+    db: b.db,
+    groupId: group,
+    subscriber: createKafkaSubscriber({
+      brokers: kafkaBrokers(),
+      groupId: group,
+      topics: [mirror],
+      fromBeginning: true,
+    }),
+    dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+    handler: async (_trx, m) => {
+      if (m.messageId === 'go-RI-X') appliedAgainInB++;
+    },
+  });
+  const consuming = consumer.run();
+  try {
+    await waitFor(
+      'B consumes the mirror',
+      async () => consumer.stats().applied + consumer.stats().duplicates >= 2,
+    );
+  } finally {
+    await consumer.stop();
+    await consuming;
+  }
+  expect(removed).toBe(0);
+  expect(appliedAgainInB).toBe(0);
 });
