@@ -110,10 +110,11 @@ export interface FailoverCheckOptions {
    */
   sourcePrefix?: string;
   /**
-   * With `sourcePrefix`: how long the groups' consumers keep inbox rows (their `retentionMs`;
-   * default 7 days, the consumers' default). Only a message older than that (and than the
-   * group's oldest row kept) may be missing because pruning removed its row; a younger one
-   * missing is a loss.
+   * With `sourcePrefix`: how long inbox rows are kept here: the shortest `retentionMs` of any
+   * inbox consumer on this database (pruning removes every group's rows; default 7 days, the
+   * consumers' default). Only a message older than that (and than the group's oldest row kept)
+   * may be missing because pruning removed its row; a younger one missing is a loss. Set too
+   * long, the check holds tasks whose rows were pruned (released with `cairn failover release`).
    */
   inboxRetentionMs?: number;
 }
