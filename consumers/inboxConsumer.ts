@@ -182,7 +182,9 @@ export function createInboxConsumerWithTestHooks(
   const traced = applyTracing(groupId);
 
   /** Applies the new messages of a chunk in one transaction; returns counts to add once it committed. */
-  async function applyChunk(trx: Trx, chunk: readonly InboxMessage[]) {
+  /** `beat`: the batch's heartbeat, sent about once a second while a long chunk runs. */
+  async function applyChunk(trx: Trx, chunk: readonly InboxMessage[], beat?: () => Promise<void>) {
+    let beatAt = performance.now() + 1000;
     const counts = { applied: 0, duplicates: 0, stale: 0 };
     const latencies: number[] = [];
     const fresh = await insertInboxRows(trx, groupId, chunk);
@@ -226,6 +228,12 @@ export function createInboxConsumerWithTestHooks(
         if (stamped) await stamped;
         if (seconds !== undefined) latencies.push(seconds);
         counts.applied++;
+        // The session lives on through a chunk whose handlers turn slow (heartbeats would
+        // otherwise go only between chunks, and its offset commit fail after a rebalance).
+        if (beat !== undefined && performance.now() >= beatAt) {
+          beatAt = performance.now() + 1000;
+          await beat();
+        }
       }
     } finally {
       mark.clear();
@@ -325,13 +333,14 @@ export function createInboxConsumerWithTestHooks(
 
   async function onBatch(batch: ReceivedBatch): Promise<void> {
     const messages = batch.messages.map(toInboxMessage);
+    const beat = () => batch.heartbeat().catch(() => {});
     for (let i = 0; i < messages.length; ) {
       if (!batch.isActive()) return;
       const chunk = messages.slice(i, i + chunks.next());
       i += chunk.length;
       try {
         const started = performance.now();
-        const r = await db.transaction().execute((trx) => applyChunk(trx, chunk));
+        const r = await db.transaction().execute((trx) => applyChunk(trx, chunk, beat));
         committed(r);
         // Paced by handled messages: growing on a chunk of duplicates ran past the session.
         if (r.counts.applied > 0) chunks.took(r.counts.applied, performance.now() - started);
@@ -339,7 +348,10 @@ export function createInboxConsumerWithTestHooks(
         // Something in the chunk failed and the whole transaction rolled back: apply the
         // messages one by one so one bad message cannot hold back the others.
         log.warn({ err: messageOf(err), size: chunk.length }, 'chunk failed; applying one by one');
-        for (const m of chunk) await applyAlone(m);
+        for (const m of chunk) {
+          await applyAlone(m);
+          await beat();
+        }
       }
       stats.commits++;
       hooks.afterDbCommit?.(stats.commits);
@@ -355,7 +367,7 @@ export function createInboxConsumerWithTestHooks(
         log.warn({ err: messageOf(err), partition: batch.partition }, 'offset commit failed (rebalance?)');
         return;
       }
-      await batch.heartbeat().catch(() => {});
+      await beat();
     }
   }
 

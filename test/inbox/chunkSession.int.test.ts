@@ -77,3 +77,49 @@ it('a chunk never outlasts the session: duplicates first, then fresh messages at
   expect(Math.max(...chunks.map((c) => c.ms))).toBeLessThan(10_000);
   expect(consumer.stats().offsetCommitFailures).toBe(0);
 }, 180_000);
+
+it('a chunk grown on cheap messages keeps the session alive when its handlers turn slow (heartbeats inside the chunk)', async () => {
+  const topic = uniqueTopic('chunk-slow');
+  const admin = kafka.admin();
+  await admin.connect();
+  await createTopicsAndWait(admin, [{ topic, numPartitions: 1 }]);
+  await admin.disconnect();
+  // 7,500 messages the handler ignores grow the chunks 500 -> 1000 -> 2000 -> 4000 -> 5000;
+  // the next 5,000 take ~3 ms each: one chunk of ~15 s, past the 10 s session.
+  const CHEAP = 7500;
+  const N = CHEAP + 5000;
+  const producer = kafka.producer();
+  await producer.connect();
+  for (let i = 0; i < N; i += 1000)
+    await producer.send({
+      topic,
+      messages: Array.from({ length: Math.min(1000, N - i) }, (_, j) => ({
+        key: `k${(i + j) % 50}`,
+        value: i + j < CHEAP ? 'ignore' : 'work',
+      })),
+    });
+  await producer.disconnect();
+  const group = `chunk-slow-${Date.now()}`;
+  const consumer = createInboxConsumer({
+    db: t.db,
+    groupId: group,
+    subscriber: createKafkaSubscriber({
+      brokers: kafkaBrokers(),
+      groupId: group,
+      topics: [topic],
+      fromBeginning: true,
+    }),
+    dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+    handler: async (_trx, m) => {
+      if (m.value?.toString() === 'work') await sleep(3);
+    },
+  });
+  const running = consumer.run();
+  try {
+    await waitFor('all applied', async () => consumer.stats().applied >= N, 150_000);
+  } finally {
+    await consumer.stop();
+    await running;
+  }
+  expect(consumer.stats()).toMatchObject({ applied: N, duplicates: 0, offsetCommitFailures: 0 });
+}, 180_000);
