@@ -10,7 +10,7 @@ import { printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
 const usage = `usage:
-  cairn failover check --topics T1,T2 [--group G=T1,T2 ...] [--source-prefix A.] [--hold] [--json]
+  cairn failover check --topics T1,T2 [--group G=T1,T2 ...] [--source-prefix A.] [--inbox-retention-hours H] [--hold] [--json]
     Run on the promoted database before anything resumes: reports transitions a published
     message carries that the database lacks, and messages each group committed past without
     an inbox row here. Exit 1 if anything was lost, or if the check could not judge everything
@@ -24,6 +24,9 @@ const usage = `usage:
     as checkpoints tell: a task without a checkpoint at its version is not judged. Stop
     MirrorMaker first: a message it copies after the check is not a loss. A message published
     in the lost region that this database has no trace of cannot be seen from here at all.
+    --inbox-retention-hours H: with --source-prefix, the shortest inbox retention of the
+    consumers on this database (default 168, their default): only a message older than that may
+    be missing from the inbox because pruning removed its row.
   cairn failover replay [--from-topic cairn.changelog] [--source-prefix A.] [--tenant T] [--hold] [--json]
     Run on the promoted database before the check: re-applies, from the changelog topic, each
     task's versions this database lost (verified: chain of state digests, the resulting digest,
@@ -44,6 +47,7 @@ export async function failoverCommand(argv: string[]): Promise<number> {
       json: { type: 'boolean' },
       hold: { type: 'boolean' },
       'source-prefix': { type: 'string' },
+      'inbox-retention-hours': { type: 'string' },
       'from-topic': { type: 'string', default: CHANGELOG_TOPIC },
       tenant: { type: 'string' },
       actor: { type: 'string', default: `spiffe://cairn.local/operator/${process.env.USER ?? 'unknown'}` },
@@ -69,12 +73,20 @@ export async function failoverCommand(argv: string[]): Promise<number> {
     }
     return { groupId, topics: list.split(',').filter(Boolean) };
   });
+  const retentionHours = values['inbox-retention-hours'];
+  const hours = retentionHours === undefined ? undefined : Number(retentionHours);
+  if (hours !== undefined && !(Number.isFinite(hours) && hours > 0)) {
+    throw new UsageError(
+      `--inbox-retention-hours must be a positive number of hours (got ${JSON.stringify(retentionHours)})`,
+    );
+  }
   return withDb(async (db) => {
     const r = await withAdmin('cairn-failover-check', (kafka) =>
       checkAfterFailover(db, kafka, {
         topics,
         consumers,
         ...(values['source-prefix'] ? { sourcePrefix: values['source-prefix'] } : {}),
+        ...(hours !== undefined ? { inboxRetentionMs: Math.round(hours * 3_600_000) } : {}),
       }),
     );
     const hold = values.hold

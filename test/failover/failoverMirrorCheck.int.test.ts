@@ -275,6 +275,24 @@ describe("the mirror's history older than retention here", () => {
       sourcePrefix: PREFIX,
     });
     expect(byDefault.lostConsumptions.map((l) => l.offset)).toEqual(['0', '2']);
+    // The operator's command says the same with the consumers' retention, and refuses a bad one.
+    const args = [
+      'failover',
+      'check',
+      '--source-prefix',
+      PREFIX,
+      '--topics',
+      mirror,
+      '--group',
+      `prune-g=${mirror}`,
+    ];
+    const viaCli = await cli(...args, '--inbox-retention-hours', '24', '--json');
+    expect(
+      (JSON.parse(viaCli.stdout) as { lostConsumptions: Array<{ offset: string }> }).lostConsumptions.map(
+        (l) => l.offset,
+      ),
+    ).toEqual(['2']);
+    expect((await cli(...args, '--inbox-retention-hours', 'a day')).code).toBe(2);
   });
 });
 
