@@ -13,6 +13,7 @@ import { DLQ_HEADER, HEADER } from '../src/outbox/wire.js';
 import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
 import { consumptionMark } from '../src/state/changelog.js';
 import { chunkSizer } from './chunkSize.js';
+import { type BatchHeartbeat, batchHeartbeat } from './heartbeat.js';
 import { InboxConsumerOptionsSchema } from './options.js';
 import { applyTracing } from './processSpan.js';
 import { claimVersion } from './sql/claimVersion.js';
@@ -182,9 +183,7 @@ export function createInboxConsumerWithTestHooks(
   const traced = applyTracing(groupId);
 
   /** Applies the new messages of a chunk in one transaction; returns counts to add once it committed. */
-  /** `beat`: the batch's heartbeat, sent about once a second while a long chunk runs. */
-  async function applyChunk(trx: Trx, chunk: readonly InboxMessage[], beat?: () => Promise<void>) {
-    let beatAt = performance.now() + 1000;
+  async function applyChunk(trx: Trx, chunk: readonly InboxMessage[], heartbeat?: BatchHeartbeat) {
     const counts = { applied: 0, duplicates: 0, stale: 0 };
     const latencies: number[] = [];
     const fresh = await insertInboxRows(trx, groupId, chunk);
@@ -228,12 +227,8 @@ export function createInboxConsumerWithTestHooks(
         if (stamped) await stamped;
         if (seconds !== undefined) latencies.push(seconds);
         counts.applied++;
-        // The session lives on through a chunk whose handlers turn slow (heartbeats would
-        // otherwise go only between chunks, and its offset commit fail after a rebalance).
-        if (beat !== undefined && performance.now() >= beatAt) {
-          beatAt = performance.now() + 1000;
-          await beat();
-        }
+        // The session lives on through a chunk whose handlers turn slow.
+        heartbeat?.beat();
       }
     } finally {
       mark.clear();
@@ -333,14 +328,14 @@ export function createInboxConsumerWithTestHooks(
 
   async function onBatch(batch: ReceivedBatch): Promise<void> {
     const messages = batch.messages.map(toInboxMessage);
-    const beat = () => batch.heartbeat().catch(() => {});
+    const heartbeat = batchHeartbeat(batch, log);
     for (let i = 0; i < messages.length; ) {
-      if (!batch.isActive()) return;
+      if (!batch.isActive() || heartbeat.failed()) return;
       const chunk = messages.slice(i, i + chunks.next());
       i += chunk.length;
       try {
         const started = performance.now();
-        const r = await db.transaction().execute((trx) => applyChunk(trx, chunk, beat));
+        const r = await db.transaction().execute((trx) => applyChunk(trx, chunk, heartbeat));
         committed(r);
         // Paced by handled messages: growing on a chunk of duplicates ran past the session.
         if (r.counts.applied > 0) chunks.took(r.counts.applied, performance.now() - started);
@@ -349,8 +344,10 @@ export function createInboxConsumerWithTestHooks(
         // messages one by one so one bad message cannot hold back the others.
         log.warn({ err: messageOf(err), size: chunk.length }, 'chunk failed; applying one by one');
         for (const m of chunk) {
+          // Each in its own transaction: stopping part-way loses nothing (the rest is read again).
+          if (!batch.isActive() || heartbeat.failed()) return;
           await applyAlone(m);
-          await beat();
+          heartbeat.beat();
         }
       }
       stats.commits++;
@@ -367,7 +364,7 @@ export function createInboxConsumerWithTestHooks(
         log.warn({ err: messageOf(err), partition: batch.partition }, 'offset commit failed (rebalance?)');
         return;
       }
-      await beat();
+      heartbeat.beat();
     }
   }
 

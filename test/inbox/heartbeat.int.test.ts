@@ -1,0 +1,160 @@
+// The inbox consumer's heartbeats inside a chunk (consumers/heartbeat.ts), against the two
+// ways they went wrong (review findings):
+// - awaited inside the chunk's transaction, a coordinator that does not answer (kafkajs waits
+//   its request timeout, 15 s) kept the transaction idle with the chunk's inbox rows locked:
+//   the partition's next owner blocked on them (and handlers ran one per 15 s);
+// - swallowed, a failed heartbeat (REBALANCE_IN_PROGRESS) never told a member busy in a long
+//   batch to rejoin: the group stood still until kafkajs's rebalance timeout (60 s).
+import { setTimeout as sleep } from 'node:timers/promises';
+import { sql } from 'kysely';
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
+import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
+import type { Publisher } from '../../src/kafka/publisher.js';
+import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
+import type { ReceivedBatch, Subscriber } from '../../src/kafka/subscriber.js';
+import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
+import { pausePoint } from '../support/pausePoint.js';
+import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
+
+let t: TestDatabase;
+const kafka = kafkaClient(kafkaBrokers(), 'inbox-heartbeat');
+beforeAll(async () => {
+  t = await createTestDatabase('inbox_heartbeat');
+});
+afterAll(async () => {
+  await t?.drop();
+});
+
+it('a heartbeat the coordinator does not answer holds no Postgres transaction open', async () => {
+  const beatHeld = pausePoint();
+  let beats = 0;
+  let done!: () => void;
+  const finished = new Promise<void>((r) => (done = r));
+  const msgs = [0, 1, 2].map((i) => ({
+    topic: 't',
+    partition: 0,
+    offset: String(i),
+    key: 'k',
+    value: Buffer.from('x'),
+    headers: { 'cairn-message-id': `m-${i}` },
+  }));
+  const subscriber: Subscriber = {
+    async run(eachBatch) {
+      const batch: ReceivedBatch = {
+        topic: 't',
+        partition: 0,
+        messages: msgs,
+        isActive: () => true,
+        // The coordinator does not answer until the test releases it.
+        heartbeat: async () => {
+          beats++;
+          await beatHeld.hold();
+        },
+        resolveOffset: () => {},
+      };
+      void eachBatch(batch).finally(done);
+    },
+    waiting: () => false,
+    commit: async () => {},
+    stop: async () => {},
+  };
+  const dlq = {
+    connect: async () => {},
+    publish: async () => {},
+    disconnect: async () => {},
+  } as unknown as Publisher;
+  const handled: string[] = [];
+  const consumer = createInboxConsumer({
+    db: t.db,
+    groupId: 'g',
+    subscriber,
+    dlqPublisher: dlq,
+    // The first handler takes a bit over a second: the chunk's heartbeat is due after it.
+    handler: async (_trx, m) => {
+      if (m.offset === '0') await sleep(1100);
+      handled.push(m.messageId);
+    },
+  });
+  await consumer.run();
+  await beatHeld.reached;
+  // Step "heartbeat pending": the chunk goes on and commits without waiting for it.
+  await finished;
+  const open = await sql<{ n: number }>`
+    SELECT count(*)::int AS n FROM pg_stat_activity
+     WHERE datname = current_database() AND state LIKE 'idle in transaction%'`.execute(t.db);
+  // The partition's next owner inserting message m-2's inbox row (what its first chunk does).
+  const taken = await t.db.transaction().execute(async (trx) => {
+    await sql`SET LOCAL lock_timeout = '2s'`.execute(trx);
+    return sql`INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", key)
+              VALUES ('g', 'm-2', 't', 0, 2, 'k')
+              ON CONFLICT (consumer_group, (coalesce(tenant_id, '')), message_id) DO NOTHING`.execute(trx);
+  });
+  beatHeld.release();
+  await consumer.stop();
+  expect({ beats, handled, idleInTransaction: open.rows[0]!.n, inserted: taken.numAffectedRows }).toEqual({
+    beats: 1,
+    handled: ['m-0', 'm-1', 'm-2'],
+    idleInTransaction: 0,
+    inserted: 0n, // applied and committed already: a duplicate for the next owner
+  });
+}, 60_000);
+
+it('a member busy in a long batch rejoins when another joins: the group is stable again within 20 s, not 60', async () => {
+  const topic = uniqueTopic('heartbeat-rebalance');
+  const admin = kafka.admin();
+  await admin.connect();
+  await createTopicsAndWait(admin, [{ topic, numPartitions: 1 }]);
+  const N = 30_000;
+  const producer = kafka.producer();
+  await producer.connect();
+  for (let i = 0; i < N; i += 1000)
+    await producer.send({
+      topic,
+      messages: Array.from({ length: 1000 }, (_, j) => ({ key: `k${(i + j) % 50}`, value: `m${i + j}` })),
+    });
+  await producer.disconnect();
+  const group = `heartbeat-rebalance-${Date.now()}`;
+  const make = (name: string) =>
+    createInboxConsumer({
+      db: t.db,
+      groupId: group,
+      subscriber: createKafkaSubscriber({
+        brokers: kafkaBrokers(),
+        groupId: group,
+        topics: [topic],
+        fromBeginning: true,
+        clientId: name,
+      }),
+      dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+      handler: async () => {
+        await sleep(3); // 30,000 x 3 ms: A is busy for about 90 s
+      },
+    });
+  const a = make('A');
+  const b = make('B');
+  const runA = a.run();
+  let stableAfterMs = -1;
+  let appliedByA = 0;
+  try {
+    await sleep(5_000);
+    const runB = b.run();
+    const joined = Date.now();
+    while (Date.now() - joined < 40_000) {
+      await sleep(500);
+      const { groups } = await admin.describeGroups([group]);
+      if (groups[0]?.state === 'Stable' && groups[0].members.length === 2) {
+        stableAfterMs = Date.now() - joined;
+        break;
+      }
+    }
+    appliedByA = a.stats().applied;
+    await Promise.all([a.stop(), b.stop()]);
+    await Promise.all([runA, runB]);
+  } finally {
+    await admin.disconnect();
+  }
+  expect(appliedByA).toBeLessThan(N); // A was still busy when B joined
+  expect(stableAfterMs).toBeGreaterThan(0);
+  expect(stableAfterMs).toBeLessThan(20_000);
+}, 180_000);
