@@ -74,8 +74,10 @@ export async function failoverCommand(argv: string[]): Promise<number> {
     return { groupId, topics: list.split(',').filter(Boolean) };
   });
   const retentionHours = values['inbox-retention-hours'];
-  const hours = retentionHours === undefined ? undefined : Number(retentionHours);
-  if (hours !== undefined && !(Number.isFinite(hours) && hours > 0)) {
+  // In whole milliseconds, at least one: a value that rounds to 0 or past a safe integer is a usage error too.
+  const retentionMs =
+    retentionHours === undefined ? undefined : Math.round(Number(retentionHours) * 3_600_000);
+  if (retentionMs !== undefined && !(Number.isSafeInteger(retentionMs) && retentionMs >= 1)) {
     throw new UsageError(
       `--inbox-retention-hours must be a positive number of hours (got ${JSON.stringify(retentionHours)})`,
     );
@@ -86,7 +88,7 @@ export async function failoverCommand(argv: string[]): Promise<number> {
         topics,
         consumers,
         ...(values['source-prefix'] ? { sourcePrefix: values['source-prefix'] } : {}),
-        ...(hours !== undefined ? { inboxRetentionMs: Math.round(hours * 3_600_000) } : {}),
+        ...(retentionMs !== undefined ? { inboxRetentionMs: retentionMs } : {}),
       }),
     );
     const hold = values.hold

@@ -131,13 +131,13 @@ async function publishedTransition(taskId: string, topic: string): Promise<strin
 }
 
 /** Runs `cairn <args>` against this file's database and the test broker. */
-async function cli(...args: string[]): Promise<{ code: number; stdout: string }> {
+async function cli(...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   return promisify(execFile)('npx', ['tsx', 'cli/main.ts', ...args], {
     cwd: repoRoot,
     env: { ...process.env, KAFKA_BROKERS: kafkaBrokers().join(','), DATABASE_URL: b.url },
   }).then(
-    (o) => ({ code: 0, stdout: o.stdout }),
-    (e: { code: number; stdout: string }) => e,
+    (o) => ({ code: 0, stdout: o.stdout, stderr: o.stderr }),
+    (e: { code: number; stdout: string; stderr: string }) => e,
   );
 }
 
@@ -292,7 +292,13 @@ describe("the mirror's history older than retention here", () => {
         (l) => l.offset,
       ),
     ).toEqual(['2']);
-    expect((await cli(...args, '--inbox-retention-hours', 'a day')).code).toBe(2);
+    for (const bad of ['a day', '1e-9', '1e308']) {
+      const refused = await cli(...args, '--inbox-retention-hours', bad);
+      expect({ bad, code: refused.code }).toEqual({ bad, code: 2 });
+      expect(refused.stderr).toContain(
+        `--inbox-retention-hours must be a positive number of hours (got "${bad}")`,
+      );
+    }
   });
 });
 
