@@ -27,6 +27,9 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
   const cpuSrc = await cpuSources(env);
   try {
     const store = createTaskStore({ db: env.db });
+    // Each update in a statement of its own, as before the store coalesced concurrent ones.
+    const aloneStore = createTaskStore({ db: env.db, coalesceUpdates: false });
+    const aloneIds = Array.from({ length: workers }, (_, w) => `alone-${w}`);
     const actor = 'spiffe://bench.local/cas';
     const ids = Array.from({ length: workers }, (_, w) => `bench-${w}`);
     const rlsIds = Array.from({ length: workers }, (_, w) => `rls-${w}`);
@@ -48,7 +51,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       intent_id: 'bench',
       budget: { currency_committed_usd: 1, currency_spent_usd: 0, tokens_spent: 0, hops_used: 0 },
     });
-    for (const id of [...ids, ...rawIds, ...rlsIds, ...clIds]) {
+    for (const id of [...ids, ...aloneIds, ...rawIds, ...rlsIds, ...clIds]) {
       const t = await store.create({ task: newTask(id), actor });
       versions.set(id, t.version);
     }
@@ -62,7 +65,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       const bin = findPgbench();
       if (!bin) return null;
       let now = new Date('2026-01-01T00:00:00.000Z');
-      const fixed = createTaskStore({ db: env.db, clock: () => now });
+      const fixed = createTaskStore({ db: env.db, clock: () => now, coalesceUpdates: false });
       const captureId = 'pgbench-capture';
       const created = await fixed.create({ task: newTask(captureId), actor });
       const createdAt = created.updated_at;
@@ -124,7 +127,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
     };
     const pgbench = await pgbenchPhase();
 
-    const tokens = new Map<string, number>([...ids, ...rlsIds, ...clIds].map((id) => [id, 0]));
+    const tokens = new Map<string, number>([...ids, ...aloneIds, ...rlsIds, ...clIds].map((id) => [id, 0]));
     const casOn = (s: TaskStore, list: string[]) => async (w: number) => {
       const id = list[w]!;
       const r = await s.update({
@@ -138,6 +141,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       tokens.set(id, r.state.budget.tokens_spent);
     };
     const cas = casOn(store, ids);
+    const casAlone = casOn(aloneStore, aloneIds);
     const casRls = casOn(rlsStore, rlsIds);
     const casChangelog = casOn(changelogStore, clIds);
     // The floor of a versioned write: the version bump and its audit row in one statement,
@@ -152,9 +156,11 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
 
     // Warm up both paths, then alternate rounds so drift (autovacuum, JIT) hits both alike.
     await throughput(workers, 1, cas);
+    await throughput(workers, 1, casAlone);
     await throughput(workers, 1, casRls);
     await throughput(workers, 1, casChangelog);
     let casTotal = 0;
+    let aloneTotal = 0;
     let rawTotal = 0;
     let rlsTotal = 0;
     let clTotal = 0;
@@ -164,6 +170,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
     const spent = {
       raw: { ops: 0, cpu: NO_CPU },
       cas: { ops: 0, cpu: NO_CPU },
+      cas_alone: { ops: 0, cpu: NO_CPU },
       cas_tenant_rls: { ops: 0, cpu: NO_CPU },
       cas_changelog: { ops: 0, cpu: NO_CPU },
       pgbench: { ops: 0, cpu: NO_CPU },
@@ -188,6 +195,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       const c = await measured('cas', cas);
       casTotal += c.perS;
       casCpu += nodeCores(c.cpu);
+      aloneTotal += (await measured('cas_alone', casAlone)).perS;
       rlsTotal += (await measured('cas_tenant_rls', casRls)).perS;
       clTotal += (await measured('cas_changelog', casChangelog)).perS;
       if (pgbench) pgbenchTotal += await pgbench.round(i);
@@ -195,6 +203,7 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
     const cpu = {
       raw: cpuPerMsg(spent.raw.cpu, spent.raw.ops),
       cas: cpuPerMsg(spent.cas.cpu, spent.cas.ops),
+      cas_alone: cpuPerMsg(spent.cas_alone.cpu, spent.cas_alone.ops),
       cas_tenant_rls: cpuPerMsg(spent.cas_tenant_rls.cpu, spent.cas_tenant_rls.ops),
       cas_changelog: cpuPerMsg(spent.cas_changelog.cpu, spent.cas_changelog.ops),
       ...(pgbench ? { pgbench: cpuPerMsg(spent.pgbench.cpu, spent.pgbench.ops) } : {}),
@@ -209,9 +218,15 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
     const ratio = casPerS / rawPerS;
     const pgbenchPerS = pgbench ? pgbenchTotal / rounds : null;
     const toPgbench = pgbenchPerS ? casPerS / pgbenchPerS : null;
+    const alonePerS = aloneTotal / rounds;
+    const aloneToPgbench = pgbenchPerS ? alonePerS / pgbenchPerS : null;
     console.log(`workers: ${workers}, ${seconds} s per mode`);
     console.log(`CAS update (TaskStore.update, audit row, trigger): ${casPerS.toFixed(0)} /s`);
     console.log(`  ${cpuLine(cpu.cas, 'update')}`);
+    console.log(
+      `the same, each update in a statement of its own (coalesceUpdates: false): ${alonePerS.toFixed(0)} /s`,
+    );
+    console.log(`  ${cpuLine(cpu.cas_alone, 'update')}`);
     console.log(`raw version bump + audit row (one statement):     ${rawPerS.toFixed(0)} /s`);
     console.log(`  ${cpuLine(cpu.raw, 'update')}`);
     if (pgbench && pgbenchPerS) {
@@ -222,7 +237,8 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       console.log('pgbench: not found (set CAIRN_PGBENCH), its phase was skipped');
     }
     console.log(
-      `ratio to raw UPDATE: ${ratio.toFixed(2)}; ratio to pgbench: ${toPgbench?.toFixed(2) ?? 'n/a'} (target >= 0.9)`,
+      `ratio to raw UPDATE: ${ratio.toFixed(2)}; ratio to pgbench: ${toPgbench?.toFixed(2) ?? 'n/a'} (target >= 0.9); ` +
+        `each update alone to pgbench: ${aloneToPgbench?.toFixed(2) ?? 'n/a'}`,
     );
     console.log(
       `CAS as a tenant (forTenant: the tenant's login role, row-level security): ${rlsPerS.toFixed(0)} /s (${((rlsPerS / casPerS) * 100).toFixed(0)}% of the owner's)`,
@@ -241,6 +257,8 @@ export async function benchCas(args: string[]): Promise<Record<string, unknown>>
       ratio: Number(ratio.toFixed(3)),
       pgbench_per_s: pgbenchPerS === null ? null : Math.round(pgbenchPerS),
       cas_to_pgbench: toPgbench === null ? null : Number(toPgbench.toFixed(3)),
+      cas_alone_per_s: Math.round(alonePerS),
+      cas_alone_to_pgbench: aloneToPgbench === null ? null : Number(aloneToPgbench.toFixed(3)),
       pgbench_statements_per_update: pgbench?.statements ?? null,
       pgbench_protocol: pgbench?.mode ?? null,
       cas_tenant_rls_per_s: Math.round(rlsPerS),

@@ -210,15 +210,20 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       const auditPatch = diff(storedDoc as object, nextStored);
 
       const cas = (on: Executor) =>
-        casUpdate(on, {
-          taskId: input.taskId,
-          expectedVersion: input.expectedVersion,
-          expectedUpdatedAt: prev.updated_at,
-          status: next.status,
-          schemaVersion: TASK_STATE_V2,
-          doc: nextStored,
-          audit: { actor: input.actor, reason: input.reason ?? null, patch: auditPatch },
-        });
+        casUpdate(
+          on,
+          {
+            taskId: input.taskId,
+            tenantId: next.tenant_id,
+            expectedVersion: input.expectedVersion,
+            expectedUpdatedAt: prev.updated_at,
+            status: next.status,
+            schemaVersion: TASK_STATE_V2,
+            doc: nextStored,
+            audit: { actor: input.actor, reason: input.reason ?? null, patch: auditPatch },
+          },
+          { coalesce: o.coalesceUpdates },
+        );
       let swapped: boolean;
       let messageIds: string[] = [];
       let digest: string | undefined;

@@ -44,6 +44,12 @@ export interface TaskStoreOptions {
    * the transaction of the change, so a region that lost it can replay it.
    */
   changelog?: ChangelogOptions;
+  /**
+   * Send the updates made at the same time outside a transaction (no messages, lease,
+   * checkpoint or changelog) as one statement per tenant (default true): each keeps its own
+   * outcome, Postgres does one commit for them. False sends each in its own statement.
+   */
+  coalesceUpdates?: boolean;
 }
 
 export const StoreOptions = optionsSchema<TaskStoreOptions>()(
@@ -53,6 +59,7 @@ export const StoreOptions = optionsSchema<TaskStoreOptions>()(
     requiredGates: z.array(z.enum(GATES)).default([...DEFAULT_REQUIRED_GATES]),
     clock: opt.fn<() => Date>().default(() => () => new Date()),
     cacheSize: z.number().int().nonnegative().default(10_000),
+    coalesceUpdates: z.boolean().default(true),
     outbox: objectWith<Outbox>('an Outbox (createOutbox())', 'enqueue', 'prepare', 'insert').optional(),
     checkpointer: objectWith<Checkpointer>('a Checkpointer (createCheckpointer())', 'take').optional(),
     keys: objectWith<TenantKeys>('TenantKeys (createTenantKeys())', 'seal', 'open').optional(),

@@ -2,9 +2,12 @@ import { CompiledQuery } from 'kysely';
 import type { Executor } from '../../db/executor.js';
 import { PREPARED } from '../../db/pool.js';
 import { SqlState } from '../../db/sqlstate.js';
+import { coalescedCas } from './casBatch.js';
 
 export interface CasRow {
   taskId: string;
+  /** The task's tenant: concurrent CAS requests are coalesced per tenant (casBatch.ts). */
+  tenantId: string;
   expectedVersion: number;
   /** updated_at of the document the change was computed from: guards a cached copy. */
   expectedUpdatedAt: string;
@@ -37,7 +40,12 @@ export interface CasRow {
  * workers, same run: Postgres CPU 517 -> 384 µs per update, Node 137 -> 116, 1,366 -> 1,741
  * updates/s.
  */
-export async function casUpdate(db: Executor, row: CasRow): Promise<boolean> {
+export function casUpdate(db: Executor, row: CasRow, opts: { coalesce: boolean }): Promise<boolean> {
+  return opts.coalesce && !db.isTransaction ? coalescedCas(db, row, casAlone) : casAlone(db, row);
+}
+
+/** The CAS in a statement of its own. */
+async function casAlone(db: Executor, row: CasRow): Promise<boolean> {
   try {
     return await runCas(db, row);
   } catch (error) {
