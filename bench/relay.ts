@@ -58,6 +58,8 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
       insertPerS: number;
       insertCpu: CpuPerMsg;
       waits: string;
+      rawPerS: number;
+      rawCpu: CpuPerMsg;
     }> = [];
     for (const client of clients) {
       const backlog = rows(n, 1000, topics.drain);
@@ -83,7 +85,24 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
       await relay.stop();
       await running;
       await sql`VACUUM outbox`.execute(env.db);
+      // (c3) the same messages through this client's own Publisher, no Postgres: batches of
+      // batchSize one after another, with the headers the relay puts on them (cairn-message-id).
+      const pub = createKafkaPublisher({ brokers, client });
+      await pub.connect();
+      const rawMsgs = rows(n, 1000, topics.raw).map((m) => ({
+        topic: topics.raw,
+        key: m.key,
+        value: PAYLOAD,
+        headers: { 'cairn-message-id': m.id },
+      }));
+      const rawPub = await cpuDuring(cpuSrc, async () => {
+        for (let i = 0; i < rawMsgs.length; i += batchSize)
+          await pub.publish(rawMsgs.slice(i, i + batchSize));
+      });
+      await pub.disconnect();
       drains.push({
+        rawPerS: n / rawPub.seconds,
+        rawCpu: cpuPerMsg(rawPub.cpu, n),
         client,
         perS: n / drainCpu.seconds,
         cpu: cpuPerMsg(drainCpu.cpu, n),
@@ -159,6 +178,10 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
       console.log(`  ${cpuLine(d.cpu)}`);
       console.log(`  drain loop waited: ${d.waits}`);
       console.log(
+        `raw ${d.client} Publisher (no Postgres) ${f(d.rawPerS)} msgs/s; drain / it ${(d.perS / d.rawPerS).toFixed(2)}`,
+      );
+      console.log(`  ${cpuLine(d.rawCpu)}`);
+      console.log(
         `drain / raw producer             ${ratio.toFixed(2).padStart(8)}          (target >= 0.8)`,
       );
       console.log(
@@ -174,6 +197,8 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
       byClient[d.client] = {
         drain_msgs_per_s: Math.round(d.perS),
         drain_ratio: Number(ratio.toFixed(3)),
+        raw_publisher_msgs_per_s: Math.round(d.rawPerS),
+        drain_ratio_same_client: Number((d.perS / d.rawPerS).toFixed(3)),
         raw_insert_msgs_per_s: Math.round(d.insertPerS),
         p50_ms_at_1k: Number(at1k.p50.toFixed(2)),
         p99_ms_at_1k: Number(at1k.p99.toFixed(2)),
@@ -181,6 +206,7 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
         p99_ms_at_5k: Number(at5k.p99.toFixed(2)),
         cpu_by_phase: {
           drain: d.cpu,
+          raw_publisher: d.rawCpu,
           raw_insert: d.insertCpu,
           steady_1k: cpuPerMsg(at1k.cpu, at1k.sent),
           steady_5k: cpuPerMsg(at5k.cpu, at5k.sent),
