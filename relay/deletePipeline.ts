@@ -49,14 +49,14 @@ export function createDeletePipeline(o: {
    * (`cairn outbox skip`, a tenant's DELETE): nothing to do, and no alarm a tenant could raise;
    * in the WAL mode it may also not be visible yet, so it is tried again (up to 3 times).
    */
-  function sortMissed(tried: readonly Row[], deleted: readonly number[], heldLanes: readonly number[]) {
-    const gone = new Set(deleted);
+  function sortMissed(tried: readonly Row[], missedIds: readonly number[], heldLanes: readonly number[]) {
+    const missed = new Set(missedIds);
     const held = new Set(heldLanes);
     const next = new Map<number, number>();
     let lost = 0;
     let goneAlready = 0;
     for (const r of tried) {
-      if (gone.has(r.id)) continue;
+      if (!missed.has(r.id)) continue;
       if (!held.has(r.lane)) {
         lost++;
         continue;
@@ -84,12 +84,12 @@ export function createDeletePipeline(o: {
       inFlight = tried;
       const ids = tried.map((r) => r.id);
       deleting = deleteFenced(o.db, { instanceId: o.instanceId, ids, fences }).then(
-        async ({ deleted, heldLanes }) => {
-          if (deleted.length === ids.length) {
+        async ({ missed, heldLanes }) => {
+          if (missed.length === 0) {
             attempts.clear();
             return;
           }
-          const { lost, goneAlready } = sortMissed(tried, deleted, heldLanes);
+          const { lost, goneAlready } = sortMissed(tried, missed, heldLanes);
           if (goneAlready > 0) {
             o.stats.goneBeforeDelete += goneAlready;
             o.log.debug(
@@ -101,7 +101,7 @@ export function createDeletePipeline(o: {
             // We lost a lane between claim and delete: the new owner republishes those rows (same message_id).
             o.stats.lostLaneDeletes += lost;
             o.log.warn(
-              { published: ids.length, deleted: deleted.length },
+              { published: ids.length, deleted: ids.length - missed.length },
               'lost a lane during a batch; rebalancing',
             );
             await o.onLostLane();
