@@ -6,9 +6,9 @@ import { intArray } from './intArray.js';
  * Deletes published rows, but only of lanes this instance still owns with the token it
  * claimed them under: a relay that lost a lane (paused, partitioned, slow) cannot delete
  * rows that the new owner is responsible for. Returns the ids it did not delete (none,
- * usually: then no id list comes back at all) and the lanes it still held: a row missing from a held lane was deleted by someone else (`cairn outbox
- * skip`, a tenant's own DELETE) or, in the WAL mode, is not visible yet; only a row of a lane
- * no longer held means the lane was lost.
+ * usually: then no id list comes back at all) and the lanes it still held: a row missing from
+ * a held lane was deleted by someone else (`cairn outbox skip`, a tenant's own DELETE) or, in
+ * the WAL mode, is not visible yet; only a row of a lane no longer held means the lane was lost.
  *
  * The fence is checked once per lane (FOR SHARE, so a take-over waits for this statement),
  * and `lane + 0` keeps the planner on the primary key: joining on `lane` made it probe the
@@ -21,8 +21,8 @@ import { intArray } from './intArray.js';
  * lanes: 80,000 probes, 244k buffers, 318 ms for a 2,500-row delete on a 200k backlog; now
  * 2,500 probes, 7.7k buffers, 12 ms; EXPLAIN ANALYZE BUFFERS on the 2-core dev machine).
  *
- * Only the ids NOT deleted come back, and only when there are some: returning every deleted id
- * (array_agg, a 2,500-element bigint[] as text) was ~9% of the bytes the relay's drain
+ * Only the ids NOT deleted come back, and only when there are some: returning every deleted
+ * id (array_agg, a 2,500-element bigint[] as text) was ~9% of the bytes the relay's drain
  * allocated in Node (postgres-array's parse; heap sampling profile, confluent client).
  */
 export async function deleteFenced(
