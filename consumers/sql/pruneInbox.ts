@@ -3,7 +3,10 @@ import type { Db } from '../../src/db/database.js';
 
 /**
  * Deletes inbox rows older than the retention window in batches (short transactions, so a
- * running consumer is never blocked for long). Returns how many rows went.
+ * running consumer is never blocked for long), oldest first: a prune cut short (maxBatches, a
+ * process stopped) leaves the newest of the old rows, never a random subset of them, so the
+ * oldest kept row still says how far back the inbox is complete (the failover check's horizon,
+ * src/recovery/failoverMirror.ts). Returns how many rows went.
  */
 export async function pruneInbox(
   db: Db,
@@ -18,6 +21,7 @@ export async function pruneInbox(
         DELETE FROM inbox WHERE ctid = ANY(ARRAY(
           SELECT ctid FROM inbox
            WHERE applied_at < now() - make_interval(secs => ${opts.olderThanMs / 1000})
+           ORDER BY applied_at
            LIMIT ${opts.batchSize ?? 5000}))
       `.execute(trx);
     });
