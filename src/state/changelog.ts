@@ -262,13 +262,6 @@ export function consumptionMark(trx: Executor): ConsumptionMark {
   };
 }
 
-/** Marks `trx` as the transaction applying `m` alone (see consumptionMark). */
-export function markConsumed(trx: Executor, m: ConsumedMessage): ConsumptionMark {
-  const mark = consumptionMark(trx);
-  mark.applying(m);
-  return mark;
-}
-
 /** The transition a TaskStore is about to commit, as the changelog needs it. */
 export interface Transition {
   tenantId: string;

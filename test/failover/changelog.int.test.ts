@@ -19,7 +19,7 @@ import { type ReplayChangelogOptions, replayChangelog } from '../../src/recovery
 import {
   type ChangelogEnvelope,
   type ChangelogOptions,
-  markConsumed,
+  consumptionMark,
   stateDigest,
 } from '../../src/state/changelog.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
@@ -451,7 +451,8 @@ describe('changelog replay after an asynchronous failover', () => {
     // Mallory's own task, changed in a "handler" that claims acme's message (its own SQL could
     // write such a row; here through the library's own mark).
     await a.db.transaction().execute(async (trx) => {
-      const mark = markConsumed(trx, consumedAs('acme-msg'));
+      const mark = consumptionMark(trx);
+      mark.applying(consumedAs('acme-msg'));
       const u = await A.update({
         taskId: 'MAL-1',
         expectedVersion: 1,
@@ -464,7 +465,8 @@ describe('changelog replay after an asynchronous failover', () => {
     });
     // One message's handler changed two tasks; one record is lost.
     await a.db.transaction().execute(async (trx) => {
-      const mark = markConsumed(trx, consumedAs('fan-msg'));
+      const mark = consumptionMark(trx);
+      mark.applying(consumedAs('fan-msg'));
       for (const id of ['FAN-1', 'FAN-2']) {
         const u = await A.update({
           taskId: id,
