@@ -6,6 +6,7 @@ import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createDb } from '../../src/db/database.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
+import { twoTenants } from '../support/tenants.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 import { AGENT, newTask } from './fixtures.js';
 
@@ -135,7 +136,7 @@ describe('concurrent updates coalesced into one statement', () => {
         await sleep(50);
         const { rows } = await sql<{ killed: boolean }>`
           SELECT pg_terminate_backend(pid) AS killed FROM pg_stat_activity
-           WHERE datname = current_database() AND state = 'active' AND query LIKE '%jsonb_to_recordset%'
+           WHERE datname = current_database() AND state = 'active' AND query LIKE '%cairn_cas_batch%'
              AND pid <> pg_backend_pid()`.execute(tdb.db);
         killed = rows.filter((r) => r.killed).length;
       }
@@ -187,5 +188,58 @@ describe('concurrent updates coalesced into one statement', () => {
       'acme-later': 2,
       'globex-task': 2,
     });
+  });
+  it('a task batched with one whose audit insert waits swaps as alone, and its row is not held for long', async () => {
+    await created(['mate-stuck', 'mate-innocent']);
+    // A transaction of the tenant's holds the audit row of mate-stuck's next version, uncommitted.
+    let release!: () => void;
+    const released = new Promise<void>((r) => (release = r));
+    let written!: () => void;
+    const isWritten = new Promise<void>((r) => (written = r));
+    const tenantsOwn = tdb.db
+      .transaction()
+      .execute(async (trx) => {
+        await sql`INSERT INTO task_audit (task_id, version, prev_version, tenant_id, actor, patch)
+                  VALUES ('mate-stuck', 2, 1, 'acme', 'tenant-sql', '[]')`.execute(trx);
+        written();
+        await released;
+        throw new Error('rolled back by the test');
+      })
+      .catch(() => {});
+    await isWritten;
+    const [stuck, innocent] = updateAll(['mate-stuck', 'mate-innocent']);
+    expect(((await within(innocent!, 3_000)) as { ok?: boolean }).ok).toBe(true);
+    // Another writer of the innocent task (a store that does not coalesce): not blocked by the batch.
+    const other = createTaskStore({ db: tdb.db, coalesceUpdates: false });
+    const otherWrite = other.update({
+      taskId: 'mate-innocent',
+      expectedVersion: 2,
+      patch: { budget: { hops_used: 1 } },
+      actor: AGENT,
+    });
+    expect(((await within(otherWrite, 2_000)) as { ok?: boolean }).ok).toBe(true);
+    expect(await within(stuck!, 300)).toBe('pending');
+    release();
+    await tenantsOwn;
+    expect((await stuck!).ok).toBe(true);
+    expect(await versions(['mate-stuck', 'mate-innocent'])).toEqual({ 'mate-stuck': 2, 'mate-innocent': 3 });
+  });
+
+  it("a tenant's own connection (row-level security) coalesces its updates too", async () => {
+    const { app, asA } = await twoTenants(tdb, 4);
+    try {
+      const a = createTaskStore({ db: asA });
+      const ids = ['rls-1', 'rls-2', 'rls-3', 'rls-4'];
+      for (const id of ids) await a.create({ task: newTask(id, { tenant_id: 'tenant-a' }), actor: AGENT });
+      const results = await Promise.all(updateAll(ids, a));
+      expect(results.map((r) => r.ok)).toEqual([true, true, true, true]);
+      const { rows } = await sql<{ n: number }>`
+        SELECT count(DISTINCT at)::int AS n FROM task_audit WHERE task_id LIKE 'rls-%' AND version = 2`.execute(
+        tdb.db,
+      );
+      expect(rows[0]!.n).toBeLessThan(4);
+    } finally {
+      await app.destroy();
+    }
   });
 });

@@ -1,32 +1,34 @@
 import { CompiledQuery } from 'kysely';
 import type { Executor } from '../../db/executor.js';
 import { PREPARED } from '../../db/pool.js';
-import { SqlState, sqlState } from '../../db/sqlstate.js';
+import { sqlState } from '../../db/sqlstate.js';
 import type { CasRow } from './casUpdate.js';
 
 /**
  * Coalesces the compare-and-swaps that one Db receives at the same time, outside any
  * transaction, into one statement: while {@link MAX_IN_FLIGHT} statements are running, new
- * CAS requests wait, and the next statement carries every one of them of the same tenant (up
- * to {@link MAX_BATCH}, one per task). A CAS that finds the Db idle goes after the current
- * turn of the event loop, in a statement of its own.
+ * CAS requests wait, and the next statement carries waiting ones of one tenant (up to
+ * {@link MAX_BATCH}, one per task; tenants take turns). A CAS that finds the Db idle goes
+ * after the current turn of the event loop, in a statement of its own.
  *
  * Each request keeps the outcome it would have had alone:
- * - The statement first locks the rows it can (`FOR UPDATE SKIP LOCKED`): a row another
- *   transaction holds is not waited for inside the batch (it would stall every other task
- *   in it) but run alone afterwards, outside the batch's slot, where it waits as before.
- * - A batch holds one tenant's tasks only, and gives up its slot after
- *   {@link SLOT_HOLD_MS} even if its statement still runs: what a tenant's own SQL makes the
- *   statement wait for (an uncommitted audit row of the same version, say) stalls that
- *   tenant's tasks in it, never another tenant's, nor the batches after it.
+ * - The statement (`cairn_cas_batch`, migration 0014) first locks the rows it can (`FOR UPDATE
+ *   SKIP LOCKED`): a row another transaction holds is not waited for inside the batch but run
+ *   alone afterwards, outside the batch's slot, where it waits as before.
  * - Only locked rows are updated, each with its own `version` and `updated_at` check,
  *   re-evaluated against the newest committed row (READ COMMITTED), as alone.
- * - When Postgres refuses the statement (a trigger's check, a constraint, a statement
- *   timeout) nothing of it was written: each request is then run alone, so only the one
- *   Postgres refuses gets the error, with its own message.
- * - When the connection fails instead, the outcome is unknown (the statement may have
- *   committed): every request of it gets that error, never a "stale" answer it might not deserve.
- * Atomicity is per request as before; a batch adds none between requests and takes none away.
+ * - Whatever else the statement would wait for (an uncommitted audit row of the same version
+ *   that a tenant's own transaction holds, say) it waits for at most 100 ms (its lock_timeout):
+ *   then Postgres refuses it, and the requests run alone.
+ * - When Postgres refuses the statement (a trigger's check, a constraint, a timeout) nothing of
+ *   it was written: each request is then run alone, so only the one Postgres refuses gets the
+ *   error, with its own message.
+ * - When the session ends instead (a lost connection, a FATAL or PANIC, which can come after
+ *   the commit), the outcome is unknown: every request of it gets that error, never a "stale"
+ *   answer it might not deserve.
+ * A batch holds one tenant's tasks only and gives up its slot after {@link SLOT_HOLD_MS}
+ * even if its statement still runs, so no batch holds up another tenant's. Atomicity is per
+ * request as before; a batch adds none between requests and takes none away.
  */
 export const MAX_BATCH = 64;
 export const MAX_IN_FLIGHT = 2;
@@ -53,7 +55,12 @@ export function coalescedCas(db: Executor, row: CasRow, alone: RunAlone): Promis
 }
 
 class Coalescer {
-  private waiting: Waiting[] = [];
+  /**
+   * Waiting requests by tenant, then by task, in the order they came: tenants take turns
+   * (the one served last goes to the back), a task's requests wait behind its first. Each
+   * step touches what it takes, never the whole queue.
+   */
+  private readonly waiting = new Map<string, Map<string, Waiting[]>>();
   /** Task ids in a statement now: a second CAS of one waits for the first's outcome. */
   private readonly busy = new Set<string>();
   private inFlight = 0;
@@ -66,14 +73,21 @@ class Coalescer {
 
   submit(row: CasRow): Promise<boolean> {
     return new Promise((resolve, reject) => {
-      this.waiting.push({ row, resolve, reject });
+      let tasks = this.waiting.get(row.tenantId);
+      if (!tasks) {
+        tasks = new Map();
+        this.waiting.set(row.tenantId, tasks);
+      }
+      const queue = tasks.get(row.taskId);
+      if (queue) queue.push({ row, resolve, reject });
+      else tasks.set(row.taskId, [{ row, resolve, reject }]);
       this.schedule();
     });
   }
 
   /** After the current turn of the event loop, so the requests made in it go together. */
   private schedule(): void {
-    if (this.scheduled || this.inFlight >= MAX_IN_FLIGHT || this.waiting.length === 0) return;
+    if (this.scheduled || this.inFlight >= MAX_IN_FLIGHT || this.waiting.size === 0) return;
     this.scheduled = true;
     setImmediate(() => {
       this.scheduled = false;
@@ -102,21 +116,24 @@ class Coalescer {
     }
   }
 
-  /** The waiting requests of the oldest one's tenant, of distinct tasks not in a statement now, oldest first. */
+  /** The first waiting request of up to MAX_BATCH tasks not in a statement now, of the first tenant that has one. */
   private take(): Waiting[] {
-    const batch: Waiting[] = [];
-    const rest: Waiting[] = [];
-    let tenant: string | undefined;
-    for (const w of this.waiting) {
-      const free = !this.busy.has(w.row.taskId);
-      if (free && tenant === undefined) tenant = w.row.tenantId;
-      if (free && batch.length < MAX_BATCH && w.row.tenantId === tenant) {
-        this.busy.add(w.row.taskId);
-        batch.push(w);
-      } else rest.push(w);
+    for (const [tenant, tasks] of this.waiting) {
+      const batch: Waiting[] = [];
+      for (const [taskId, queue] of tasks) {
+        if (batch.length === MAX_BATCH) break;
+        if (this.busy.has(taskId)) continue;
+        this.busy.add(taskId);
+        batch.push(queue.shift()!);
+        if (queue.length === 0) tasks.delete(taskId);
+      }
+      if (batch.length === 0) continue;
+      // Its turn is over: to the back of the line, or out of it.
+      this.waiting.delete(tenant);
+      if (tasks.size > 0) this.waiting.set(tenant, tasks);
+      return batch;
     }
-    this.waiting = rest;
-    return batch;
+    return [];
   }
 
   private settle(w: Waiting, outcome: Promise<boolean>): Promise<void> {
@@ -132,15 +149,21 @@ class Coalescer {
   }
 
   /**
-   * `won` swapped its task from its expected version: the requests waiting with the same
-   * expected version would find a newer one (versions only grow), so they are answered
+   * `won` swapped its task from the document it expected (version and updated_at): requests
+   * waiting that expect that same document would find a newer one, so they are answered
    * without a statement, as a CAS that had waited for the row's lock would have been.
    */
   private outrun(won: CasRow): void {
-    const lost = (w: Waiting) => w.row.taskId === won.taskId && w.row.expectedVersion === won.expectedVersion;
-    if (!this.waiting.some(lost)) return;
-    for (const w of this.waiting.filter(lost)) w.resolve(false);
-    this.waiting = this.waiting.filter((w) => !lost(w));
+    const tasks = this.waiting.get(won.tenantId);
+    const queue = tasks?.get(won.taskId);
+    if (!tasks || !queue) return;
+    const lost = (w: Waiting) =>
+      w.row.expectedVersion === won.expectedVersion && w.row.expectedUpdatedAt === won.expectedUpdatedAt;
+    for (const w of queue.filter(lost)) w.resolve(false);
+    const rest = queue.filter((w) => !lost(w));
+    if (rest.length > 0) tasks.set(won.taskId, rest);
+    else tasks.delete(won.taskId);
+    if (tasks.size === 0) this.waiting.delete(won.tenantId);
   }
 
   /** Resolves once the batch's statement is done; requests run alone after it settle later. */
@@ -166,18 +189,22 @@ class Coalescer {
 }
 
 /**
- * Postgres answered the statement with an error: it was rolled back, nothing of it is
- * written. A connection that failed (no SQLSTATE, class 08, a server shutting down) leaves
- * the outcome unknown.
+ * Postgres refused the statement and its session goes on: it was rolled back, nothing of it
+ * is written. Anything else leaves the outcome unknown: an error that is not the server's (no
+ * severity: a socket's EPIPE has a five-letter code too), a FATAL or PANIC (the session ended,
+ * perhaps after the commit), or a class that ends the session or comes from the server's own
+ * failure (08 connection, 57 operator intervention, 58 system error, XX internal) whatever the
+ * language of its severity.
  */
 function refusedByServer(error: unknown): boolean {
   const state = sqlState(error);
+  const severity = (error as { severity?: unknown }).severity;
   return (
     state !== undefined &&
-    !state.startsWith('08') &&
-    state !== SqlState.adminShutdown &&
-    state !== SqlState.crashShutdown &&
-    state !== SqlState.cannotConnectNow
+    typeof severity === 'string' &&
+    severity !== 'FATAL' &&
+    severity !== 'PANIC' &&
+    !/^(08|57|58|XX)/.test(state)
   );
 }
 
@@ -199,38 +226,6 @@ async function runBatch(db: Executor, batch: Waiting[]): Promise<{ locked: strin
   return result.rows[0]!;
 }
 
-/**
- * The batch: casUpdate's statement for many rows (one JSON array parameter), plus the lock
- * step that leaves rows held elsewhere to be run alone. Values are only parameters.
- */
+/** casUpdate's statement for many rows, as one JSON array parameter (migration 0014). */
 const BATCH_SQL = `${PREPARED}
-    WITH input AS (
-      SELECT *
-        FROM jsonb_to_recordset($1::jsonb) AS i(task_id text, status text, schema_version text, doc jsonb,
-             expected_version bigint, expected_updated_at text, actor text, reason text, patch jsonb)
-    ), locked AS (
-      SELECT t.task_id
-        FROM task_state t
-       WHERE t.task_id IN (SELECT task_id FROM input)
-       ORDER BY t.task_id
-         FOR UPDATE OF t SKIP LOCKED
-    ), swapped AS (
-      UPDATE task_state t
-         SET version = t.version + 1,
-             status = i.status,
-             schema_version = i.schema_version,
-             doc = i.doc,
-             updated_at = now()
-        FROM input i
-       WHERE t.task_id = i.task_id
-         AND t.task_id IN (SELECT task_id FROM locked)
-         AND t.version = i.expected_version
-         AND t.doc->>'updated_at' = i.expected_updated_at
-      RETURNING t.task_id, t.tenant_id, t.version, i.actor, i.reason, i.patch
-    ), audited AS (
-      INSERT INTO task_audit (task_id, version, prev_version, tenant_id, actor, reason, patch)
-      SELECT task_id, version, version - 1, tenant_id, actor, reason, patch
-        FROM swapped
-      RETURNING task_id
-    )
-    SELECT ARRAY(SELECT task_id FROM locked) AS locked, ARRAY(SELECT task_id FROM audited) AS swapped`;
+    SELECT locked_ids AS locked, swapped_ids AS swapped FROM cairn_cas_batch($1::jsonb)`;
