@@ -6,14 +6,13 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
-import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
-import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
+import { createKafkaPublisher } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
-import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
+import { createTestDatabase, kafkaBrokers, type TestDatabase } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
+import { oneTopicOf } from './fixtures.js';
 
 let t: TestDatabase;
-const kafka = kafkaClient(kafkaBrokers(), 'chunk-session-session');
 beforeAll(async () => {
   t = await createTestDatabase('chunk_session');
 });
@@ -22,21 +21,9 @@ afterAll(async () => {
 });
 
 it('a chunk never outlasts the session: duplicates first, then fresh messages at ~4 ms each', async () => {
-  const topic = uniqueTopic('chunk-session');
-  const admin = kafka.admin();
-  await admin.connect();
-  await createTopicsAndWait(admin, [{ topic, numPartitions: 1 }]);
-  await admin.disconnect();
   const N = 8000;
   const DUPS = 3500; // applied before a rebalance (their inbox rows exist): redelivered now
-  const producer = kafka.producer();
-  await producer.connect();
-  for (let i = 0; i < N; i += 1000)
-    await producer.send({
-      topic,
-      messages: Array.from({ length: 1000 }, (_, j) => ({ key: `k${(i + j) % 50}`, value: `m${i + j}` })),
-    });
-  await producer.disconnect();
+  const topic = await oneTopicOf('chunk-session', N);
   const group = `chunk-session-${Date.now()}`;
   await sql`INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset")
             SELECT ${group}, ${topic} || ':0:' || o, ${topic}, 0, o FROM generate_series(0, ${DUPS - 1}) o`.execute(
@@ -79,26 +66,11 @@ it('a chunk never outlasts the session: duplicates first, then fresh messages at
 }, 180_000);
 
 it('a chunk grown on cheap messages keeps the session alive when its handlers turn slow (heartbeats inside the chunk)', async () => {
-  const topic = uniqueTopic('chunk-slow');
-  const admin = kafka.admin();
-  await admin.connect();
-  await createTopicsAndWait(admin, [{ topic, numPartitions: 1 }]);
-  await admin.disconnect();
   // 7,500 messages the handler ignores grow the chunks 500 -> 1000 -> 2000 -> 4000 -> 5000;
   // the next 5,000 take ~3 ms each: one chunk of ~15 s, past the 10 s session.
   const CHEAP = 7500;
   const N = CHEAP + 5000;
-  const producer = kafka.producer();
-  await producer.connect();
-  for (let i = 0; i < N; i += 1000)
-    await producer.send({
-      topic,
-      messages: Array.from({ length: Math.min(1000, N - i) }, (_, j) => ({
-        key: `k${(i + j) % 50}`,
-        value: i + j < CHEAP ? 'ignore' : 'work',
-      })),
-    });
-  await producer.disconnect();
+  const topic = await oneTopicOf('chunk-slow', N, (i) => (i < CHEAP ? 'ignore' : 'work'));
   const group = `chunk-slow-${Date.now()}`;
   const consumer = createInboxConsumer({
     db: t.db,

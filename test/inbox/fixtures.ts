@@ -2,7 +2,9 @@ import { Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
 import { v7 as uuidv7 } from 'uuid';
 import type { Db } from '../../src/db/database.js';
+import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
+import { kafkaBrokers, uniqueTopic } from '../support/testDatabase.js';
 
 export async function createEffectsTable(db: Db): Promise<void> {
   await sql`CREATE TABLE effects (id bigserial PRIMARY KEY, message_id text NOT NULL, key text NOT NULL,
@@ -61,4 +63,29 @@ export async function keysOutOfOrder(db: Db): Promise<string[]> {
 
 export function uuid(): string {
   return uuidv7();
+}
+
+/**
+ * A new topic of one partition holding `n` messages, keyed k0..k49 in turn, the value of
+ * message i `value(i)` (default `m<i>`), sent 1,000 at a time. Returns the topic's name.
+ */
+export async function oneTopicOf(name: string, n: number, value = (i: number) => `m${i}`): Promise<string> {
+  const topic = uniqueTopic(name);
+  const kafka = kafkaClient(kafkaBrokers(), 'inbox-test-producer');
+  const admin = kafka.admin();
+  await admin.connect();
+  await createTopicsAndWait(admin, [{ topic, numPartitions: 1 }]);
+  await admin.disconnect();
+  const producer = kafka.producer();
+  await producer.connect();
+  for (let i = 0; i < n; i += 1000)
+    await producer.send({
+      topic,
+      messages: Array.from({ length: Math.min(1000, n - i) }, (_, j) => ({
+        key: `k${(i + j) % 50}`,
+        value: value(i + j),
+      })),
+    });
+  await producer.disconnect();
+  return topic;
 }

@@ -9,13 +9,13 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
-import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import type { Publisher } from '../../src/kafka/publisher.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import type { ReceivedBatch, Subscriber } from '../../src/kafka/subscriber.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { pausePoint } from '../support/pausePoint.js';
-import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
+import { createTestDatabase, kafkaBrokers, type TestDatabase } from '../support/testDatabase.js';
+import { oneTopicOf } from './fixtures.js';
 
 let t: TestDatabase;
 const kafka = kafkaClient(kafkaBrokers(), 'inbox-heartbeat');
@@ -101,19 +101,10 @@ it('a heartbeat the coordinator does not answer holds no Postgres transaction op
 }, 60_000);
 
 it('a member busy in a long batch rejoins when another joins: the group is stable again within 20 s, not 60', async () => {
-  const topic = uniqueTopic('heartbeat-rebalance');
+  const N = 30_000;
+  const topic = await oneTopicOf('heartbeat-rebalance', N);
   const admin = kafka.admin();
   await admin.connect();
-  await createTopicsAndWait(admin, [{ topic, numPartitions: 1 }]);
-  const N = 30_000;
-  const producer = kafka.producer();
-  await producer.connect();
-  for (let i = 0; i < N; i += 1000)
-    await producer.send({
-      topic,
-      messages: Array.from({ length: 1000 }, (_, j) => ({ key: `k${(i + j) % 50}`, value: `m${i + j}` })),
-    });
-  await producer.disconnect();
   const group = `heartbeat-rebalance-${Date.now()}`;
   const make = (name: string) =>
     createInboxConsumer({

@@ -37,6 +37,34 @@ async function within<T>(p: Promise<T>, ms: number): Promise<T | 'pending'> {
   return Promise.race([p, sleep(ms).then(() => 'pending' as const)]);
 }
 
+/**
+ * A transaction of the tenant's own that writes the audit row of `taskId`'s version 2 (what
+ * its next CAS will insert) and keeps it uncommitted until rolled back.
+ */
+async function auditRowHeld(taskId: string): Promise<{ rollBack(): Promise<void> }> {
+  let release!: () => void;
+  const released = new Promise<void>((r) => (release = r));
+  let written!: () => void;
+  const isWritten = new Promise<void>((r) => (written = r));
+  const open = tdb.db
+    .transaction()
+    .execute(async (trx) => {
+      await sql`INSERT INTO task_audit (task_id, version, prev_version, tenant_id, actor, patch)
+                VALUES (${taskId}, 2, 1, 'acme', 'tenant-sql', '[]')`.execute(trx);
+      written();
+      await released;
+      throw new Error('rolled back by the test');
+    })
+    .catch(() => {});
+  await isWritten;
+  return {
+    async rollBack() {
+      release();
+      await open;
+    },
+  };
+}
+
 async function versions(ids: string[]): Promise<Record<string, number>> {
   const { rows } = await sql<{ task_id: string; version: number; audited: number }>`
     SELECT s.task_id, s.version::int,
@@ -158,30 +186,14 @@ describe('concurrent updates coalesced into one statement', () => {
     await created(['acme-stuck']);
     await created(['acme-later']);
     await created(['globex-task'], 'globex');
-    // The tenant's own transaction writes the audit row of acme-stuck's next version and keeps it open.
-    let release!: () => void;
-    const released = new Promise<void>((r) => (release = r));
-    let written!: () => void;
-    const isWritten = new Promise<void>((r) => (written = r));
-    const tenantsOwn = tdb.db
-      .transaction()
-      .execute(async (trx) => {
-        await sql`INSERT INTO task_audit (task_id, version, prev_version, tenant_id, actor, patch)
-                  VALUES ('acme-stuck', 2, 1, 'acme', 'tenant-sql', '[]')`.execute(trx);
-        written();
-        await released;
-        throw new Error('rolled back by the test');
-      })
-      .catch(() => {});
-    await isWritten;
+    const tenantsOwn = await auditRowHeld('acme-stuck');
     const [stuck, other] = updateAll(['acme-stuck', 'globex-task']);
     expect(((await within(other!, 5_000)) as { ok?: boolean }).ok).toBe(true);
     expect(await within(stuck!, 300)).toBe('pending');
     // Past the batch's slot: the same tenant's next update is not behind the stalled statement.
     const [later] = updateAll(['acme-later']);
     expect(((await within(later!, 5_000)) as { ok?: boolean }).ok).toBe(true);
-    release();
-    await tenantsOwn;
+    await tenantsOwn.rollBack();
     expect((await stuck!).ok).toBe(true);
     expect(await versions(['acme-stuck', 'acme-later', 'globex-task'])).toEqual({
       'acme-stuck': 2,
@@ -191,22 +203,7 @@ describe('concurrent updates coalesced into one statement', () => {
   });
   it('a task batched with one whose audit insert waits swaps as alone, and its row is not held for long', async () => {
     await created(['mate-stuck', 'mate-innocent']);
-    // A transaction of the tenant's holds the audit row of mate-stuck's next version, uncommitted.
-    let release!: () => void;
-    const released = new Promise<void>((r) => (release = r));
-    let written!: () => void;
-    const isWritten = new Promise<void>((r) => (written = r));
-    const tenantsOwn = tdb.db
-      .transaction()
-      .execute(async (trx) => {
-        await sql`INSERT INTO task_audit (task_id, version, prev_version, tenant_id, actor, patch)
-                  VALUES ('mate-stuck', 2, 1, 'acme', 'tenant-sql', '[]')`.execute(trx);
-        written();
-        await released;
-        throw new Error('rolled back by the test');
-      })
-      .catch(() => {});
-    await isWritten;
+    const tenantsOwn = await auditRowHeld('mate-stuck');
     const [stuck, innocent] = updateAll(['mate-stuck', 'mate-innocent']);
     expect(((await within(innocent!, 3_000)) as { ok?: boolean }).ok).toBe(true);
     // Another writer of the innocent task (a store that does not coalesce): not blocked by the batch.
@@ -219,8 +216,7 @@ describe('concurrent updates coalesced into one statement', () => {
     });
     expect(((await within(otherWrite, 2_000)) as { ok?: boolean }).ok).toBe(true);
     expect(await within(stuck!, 300)).toBe('pending');
-    release();
-    await tenantsOwn;
+    await tenantsOwn.rollBack();
     expect((await stuck!).ok).toBe(true);
     expect(await versions(['mate-stuck', 'mate-innocent'])).toEqual({ 'mate-stuck': 2, 'mate-innocent': 3 });
   });
