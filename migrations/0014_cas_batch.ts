@@ -13,6 +13,11 @@ import { targetSchema } from './schema.js';
  * statement instead (55P03, nothing written) and each request runs alone. PL/pgSQL keeps the
  * statement's plan for the session, as a prepared statement would. It runs as its caller
  * (row-level security applies to a tenant's connection as it does to the single CAS).
+ *
+ * The tasks are found by `task_id = ANY(ids)`, an index condition: joined to
+ * jsonb_to_recordset (which the planner always guesses at 100 rows) the plan seq-scanned
+ * task_state twice below a few thousand tasks (1.44 ms against 0.04 ms for the single CAS at
+ * 5,000 tasks; review, pgbench on the dev machine).
  */
 export async function up(db: Kysely<unknown>): Promise<void> {
   const S = await targetSchema(db);
@@ -22,6 +27,8 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       SET search_path = pg_catalog, ${S}, pg_temp
       SET lock_timeout = '100ms'
     AS $fn$
+    DECLARE
+      ids text[] := ARRAY(SELECT r->>'task_id' FROM jsonb_array_elements(requests) r);
     BEGIN
       WITH input AS (
         SELECT *
@@ -30,7 +37,7 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       ), held AS (
         SELECT t.task_id
           FROM task_state t
-         WHERE t.task_id IN (SELECT i.task_id FROM input i)
+         WHERE t.task_id = ANY(ids)
          ORDER BY t.task_id
            FOR UPDATE OF t SKIP LOCKED
       ), changed AS (
@@ -41,7 +48,8 @@ export async function up(db: Kysely<unknown>): Promise<void> {
                doc = i.doc,
                updated_at = now()
           FROM input i
-         WHERE t.task_id = i.task_id
+         WHERE t.task_id = ANY(ids)
+           AND t.task_id = i.task_id
            AND t.task_id IN (SELECT h.task_id FROM held h)
            AND t.version = i.expected_version
            AND t.doc->>'updated_at' = i.expected_updated_at

@@ -51,6 +51,8 @@ export const SqlState = {
   invalidCatalogName: '3D000',
   // A Cairn table is missing: the database was never migrated.
   undefinedTable: '42P01',
+  // A Cairn function is missing: the database is not migrated to this version.
+  undefinedFunction: '42883',
   // Raised by Cairn's own triggers (migrations/0001_task_state.ts).
   taskTerminal: 'CN001',
   undeclaredTransition: 'CN002',

@@ -238,4 +238,52 @@ describe('concurrent updates coalesced into one statement', () => {
       await app.destroy();
     }
   });
+  it('a statement timeout that cancels the batch (57014, nothing written) fails only the update that waited', async () => {
+    // A pool whose statements time out before the batch's lock_timeout (100 ms).
+    const own = createDb({ connectionString: tdb.url, max: 4, statementTimeoutMillis: 90 });
+    const ownStore = createTaskStore({ db: own });
+    try {
+      const ids = ['timeout-stuck', 'timeout-1', 'timeout-2', 'timeout-3'];
+      await created(ids, 'acme', ownStore);
+      const tenantsOwn = await auditRowHeld('timeout-stuck');
+      const outcomes = await Promise.allSettled(updateAll(ids, ownStore));
+      await tenantsOwn.rollBack();
+      expect(
+        outcomes.map((o) => (o.status === 'fulfilled' ? o.value.ok : (o.reason as { code?: string }).code)),
+      ).toEqual(['57014', true, true, true]);
+      expect(await versions(ids)).toEqual({
+        'timeout-stuck': 1,
+        'timeout-1': 2,
+        'timeout-2': 2,
+        'timeout-3': 2,
+      });
+    } finally {
+      await own.destroy();
+    }
+  });
+});
+
+describe('a database not migrated to 0014 yet (no cairn_cas_batch)', () => {
+  let old: TestDatabase;
+  beforeAll(async () => {
+    old = await createTestDatabase('cas_coalesce_0013', { max: 8 });
+    await sql`DROP FUNCTION cairn_cas_batch(jsonb)`.execute(old.db);
+  });
+  afterAll(async () => {
+    await old.drop();
+  });
+
+  it('concurrent updates still swap, each in a statement of its own', async () => {
+    const oldStore = createTaskStore({ db: old.db });
+    const ids = Array.from({ length: 40 }, (_, i) => `old-${i}`);
+    for (const id of ids) await oldStore.create({ task: newTask(id), actor: AGENT });
+    const first = await Promise.all(updateAll(ids, oldStore));
+    expect(first.every((r) => r.ok)).toBe(true);
+    const again = await Promise.all(
+      ids.map((taskId) =>
+        oldStore.update({ taskId, expectedVersion: 2, patch: { budget: { hops_used: 1 } }, actor: AGENT }),
+      ),
+    );
+    expect(again.every((r) => r.ok)).toBe(true);
+  });
 });

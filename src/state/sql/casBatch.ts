@@ -1,7 +1,7 @@
 import { CompiledQuery } from 'kysely';
 import type { Executor } from '../../db/executor.js';
 import { PREPARED } from '../../db/pool.js';
-import { sqlState } from '../../db/sqlstate.js';
+import { SqlState, sqlState } from '../../db/sqlstate.js';
 import type { CasRow } from './casUpdate.js';
 
 /**
@@ -51,7 +51,7 @@ export function coalescedCas(db: Executor, row: CasRow, alone: RunAlone): Promis
     c = new Coalescer(db, alone);
     coalescers.set(db, c);
   }
-  return c.submit(row);
+  return c.noBatches ? alone(db, row) : c.submit(row);
 }
 
 class Coalescer {
@@ -65,6 +65,8 @@ class Coalescer {
   private readonly busy = new Set<string>();
   private inFlight = 0;
   private scheduled = false;
+  /** Set when the database has no cairn_cas_batch (not migrated to 0014): every request goes alone. */
+  noBatches = false;
 
   constructor(
     private readonly db: Executor,
@@ -120,12 +122,20 @@ class Coalescer {
   private take(): Waiting[] {
     for (const [tenant, tasks] of this.waiting) {
       const batch: Waiting[] = [];
+      const served: string[] = [];
       for (const [taskId, queue] of tasks) {
         if (batch.length === MAX_BATCH) break;
         if (this.busy.has(taskId)) continue;
         this.busy.add(taskId);
         batch.push(queue.shift()!);
-        if (queue.length === 0) tasks.delete(taskId);
+        served.push(taskId);
+      }
+      // A served task with more waiting goes to the back of its tenant's line: tasks with
+      // steady traffic would otherwise fill every batch ahead of one that asked later.
+      for (const taskId of served) {
+        const queue = tasks.get(taskId)!;
+        tasks.delete(taskId);
+        if (queue.length > 0) tasks.set(taskId, queue);
       }
       if (batch.length === 0) continue;
       // Its turn is over: to the back of the line, or out of it.
@@ -172,6 +182,8 @@ class Coalescer {
     try {
       outcome = await runBatch(this.db, batch);
     } catch (error) {
+      // A database not migrated to 0014 yet has no batch function: send each alone from now on.
+      if (sqlState(error) === SqlState.undefinedFunction) this.noBatches = true;
       if (!refusedByServer(error)) {
         for (const w of batch) void this.settle(w, Promise.reject(error));
         return;
@@ -192,9 +204,9 @@ class Coalescer {
  * Postgres refused the statement and its session goes on: it was rolled back, nothing of it
  * is written. Anything else leaves the outcome unknown: an error that is not the server's (no
  * severity: a socket's EPIPE has a five-letter code too), a FATAL or PANIC (the session ended,
- * perhaps after the commit), or a class that ends the session or comes from the server's own
- * failure (08 connection, 57 operator intervention, 58 system error, XX internal) whatever the
- * language of its severity.
+ * perhaps after the commit), or a code that ends the session or comes from the server's own
+ * failure (08 connection, 57P0x shutdown and termination, 58 system error, XX internal)
+ * whatever the language of its severity. A statement timeout or cancel (57014) is a refusal.
  */
 function refusedByServer(error: unknown): boolean {
   const state = sqlState(error);
@@ -204,7 +216,7 @@ function refusedByServer(error: unknown): boolean {
     typeof severity === 'string' &&
     severity !== 'FATAL' &&
     severity !== 'PANIC' &&
-    !/^(08|57|58|XX)/.test(state)
+    !/^(08|57P|58|XX)/.test(state)
   );
 }
 
