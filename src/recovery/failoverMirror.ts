@@ -88,12 +88,6 @@ export interface UnmirroredMessage {
  * had the row pruned right after the replay and the message applied again, a future one moved
  * the horizon past the losses), so the oldest row alone could put the horizon after every
  * loss it is there to find. A group with no inbox row left is judged whole.
- *
- * Nor by time alone: pruning deletes the oldest rows first, so on a partition where the group
- * kept the row of some message, a missing row of a LATER message (a higher mirror offset) was
- * not pruned, whatever its record timestamp says (a group down for a week, a producer that
- * back-dates records): it is judged lost. Only a message before the partition's earliest kept
- * row may have been pruned.
  */
 export async function lostConsumptionsOnMirror(
   db: Db,
@@ -126,26 +120,16 @@ export async function lostConsumptionsOnMirror(
     db,
   );
   const held = new Set(rows.map((r) => key(r.tenant_id, r.message_id)));
-  // Per partition, the mirror offset of the earliest message whose row the group kept.
-  const keptFrom = new Map<string, bigint>();
-  for (const m of past) {
-    if (!held.has(key(m.tenant, m.messageId))) continue;
-    const p = `${m.topic}/${m.partition}`;
-    const offset = BigInt(m.offset);
-    const from = keptFrom.get(p);
-    if (from === undefined || offset < from) keptFrom.set(p, offset);
-  }
   const oldest = await sql<{ at: Date | null }>`
     SELECT min(applied_at) AS at FROM inbox WHERE consumer_group = ${groupId}`.execute(db);
   const horizon = oldest.rows[0]?.at
     ? Math.min(oldest.rows[0].at.getTime(), Date.now() - inboxRetentionMs) - PRUNE_CLOCK_MARGIN_MS
     : null;
-  const mayBePruned = (m: SeenMessage) => {
-    const from = keptFrom.get(`${m.topic}/${m.partition}`);
-    if (from !== undefined && BigInt(m.offset) > from) return false;
-    return horizon !== null && m.timestamp !== undefined && Number(m.timestamp) < horizon;
-  };
-  const missing = past.filter((m) => !held.has(key(m.tenant, m.messageId)) && !mayBePruned(m));
+  const missing = past.filter(
+    (m) =>
+      !held.has(key(m.tenant, m.messageId)) &&
+      (horizon === null || m.timestamp === undefined || Number(m.timestamp) >= horizon),
+  );
   const gone = await goneByRetention(db, missing);
   return missing
     .filter((m) => {

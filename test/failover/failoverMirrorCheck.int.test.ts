@@ -302,37 +302,6 @@ describe("the mirror's history older than retention here", () => {
   });
 });
 
-describe('a lost message with an old record time', () => {
-  it('a missing row after a row the group kept on its partition is lost, however old its record time (pruning goes oldest first)', async () => {
-    const store = createTaskStore({ db: b.db, cacheSize: 0 });
-    await store.create({ task: newTask('BACKDATED-1'), actor: AGENT });
-    const { mirror } = await topics('backdated');
-    const tenDaysAgo = Date.now() - 10 * 86_400_000;
-    const [, kept, , keptToo] = await send(mirror, [
-      { taskId: 'BACKDATED-1', version: 1, timestamp: tenDaysAgo }, // applied, row pruned
-      { taskId: 'BACKDATED-1', version: 1 }, // applied, row kept
-      { taskId: 'BACKDATED-1', version: 1, timestamp: tenDaysAgo }, // back-dated, applied in region A only: lost
-      { taskId: 'BACKDATED-1', version: 1 }, // applied, row kept
-    ]);
-    for (const [offset, id] of [
-      [1, kept!],
-      [3, keptToo!],
-    ] as const) {
-      await sql`INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", tenant_id, key)
-                VALUES ('backdated-g', ${id}, ${mirror.slice(PREFIX.length)}, 0, ${offset}, 'acme', 'BACKDATED-1')`.execute(
-        b.db,
-      );
-    }
-    await translatedOffset('backdated-g', mirror, 4);
-    const r = await checkAfterFailover(b.db, reader, {
-      topics: [mirror],
-      consumers: [{ groupId: 'backdated-g', topics: [mirror] }],
-      sourcePrefix: PREFIX,
-    });
-    expect(r.lostConsumptions.map((l) => l.offset)).toEqual(['2']);
-  });
-});
-
 describe('a check run again after an operator released a task', () => {
   it('`check --hold` leaves it released while the findings are the same, and holds it again when something new is lost', async () => {
     const { mirror } = await topics('release');
