@@ -235,6 +235,8 @@ export function createInboxConsumerWithTestHooks(
       if (!batch.isActive() || heartbeat.failed()) return;
       const chunk = messages.slice(i, i + chunks.next());
       i += chunk.length;
+      /** How many of the chunk, from its first, are applied (or dropped) and committed. */
+      let done = chunk.length;
       try {
         const started = performance.now();
         const r = await db.transaction().execute((trx) => applyChunk(trx, chunk, heartbeat));
@@ -243,12 +245,16 @@ export function createInboxConsumerWithTestHooks(
         if (r.counts.applied > 0) chunks.took(r.counts.applied, performance.now() - started);
       } catch (err) {
         // Something in the chunk failed and the whole transaction rolled back: apply the
-        // messages one by one so one bad message cannot hold back the others.
+        // messages one by one so one bad message cannot hold back the others. Each in its own
+        // transaction, so stopping part-way loses nothing (the rest is read again); after a
+        // failed heartbeat it stops, but only after one, and commits the offset of what went:
+        // a batch handed back at once each time would never move.
         log.warn({ err: messageOf(err), size: chunk.length }, 'chunk failed; applying one by one');
+        done = 0;
         for (const m of chunk) {
-          // Each in its own transaction: stopping part-way loses nothing (the rest is read again).
-          if (!batch.isActive() || heartbeat.failed()) return;
+          if (!batch.isActive() || (done > 0 && heartbeat.failed())) break;
           await applyAlone(m);
+          done++;
           heartbeat.beat();
         }
       }
@@ -256,8 +262,8 @@ export function createInboxConsumerWithTestHooks(
       hooks.afterDbCommit?.(stats.commits);
       // A partition we no longer own must not get a commit from us; its new owner re-reads
       // from the last committed offset and the inbox turns those messages into duplicates.
-      if (!batch.isActive()) return;
-      const last = chunk[chunk.length - 1]!;
+      if (!batch.isActive() || done === 0) return;
+      const last = chunk[done - 1]!;
       try {
         await options.subscriber.commit(batch.topic, batch.partition, (BigInt(last.offset) + 1n).toString());
         batch.resolveOffset(last.offset);
@@ -266,6 +272,7 @@ export function createInboxConsumerWithTestHooks(
         log.warn({ err: messageOf(err), partition: batch.partition }, 'offset commit failed (rebalance?)');
         return;
       }
+      if (done < chunk.length) return;
       heartbeat.beat();
     }
   }

@@ -149,3 +149,64 @@ it('a member busy in a long batch rejoins when another joins: the group is stabl
   expect(stableAfterMs).toBeGreaterThan(0);
   expect(stableAfterMs).toBeLessThan(20_000);
 }, 180_000);
+
+it('a chunk that fails after a heartbeat failed still moves: one by one until the failure is seen, that offset committed', async () => {
+  const msgs = [0, 1, 2].map((i) => ({
+    topic: 't',
+    partition: 0,
+    offset: String(i),
+    key: 'k',
+    value: Buffer.from('x'),
+    headers: { 'cairn-message-id': `fallback-${i}` },
+  }));
+  let runBatch!: (b: ReceivedBatch) => Promise<void>;
+  const commits: string[] = [];
+  const subscriber: Subscriber = {
+    async run(eachBatch) {
+      runBatch = eachBatch;
+    },
+    waiting: () => false,
+    commit: async (_t, _p, next) => {
+      commits.push(next);
+    },
+    stop: async () => {},
+  };
+  const dlq = {
+    connect: async () => {},
+    publish: async () => {},
+    disconnect: async () => {},
+  } as unknown as Publisher;
+  const consumer = createInboxConsumer({
+    db: t.db,
+    groupId: 'fallback',
+    subscriber,
+    dlqPublisher: dlq,
+    maxAttempts: 1,
+    handler: async (_trx, m) => {
+      if (m.offset === '0') await sleep(1100); // the heartbeat comes due after it
+      if (m.offset === '2') throw new Error('poison'); // fails the chunk
+    },
+  });
+  await consumer.run();
+  // The broker hands the batch out again from the committed offset, each time with a
+  // heartbeat that fails (a group rebalancing again and again).
+  for (let round = 0; round < 4 && commits.at(-1) !== '3'; round++) {
+    const from = Number(commits.at(-1) ?? 0);
+    await runBatch({
+      topic: 't',
+      partition: 0,
+      messages: msgs.slice(from),
+      isActive: () => true,
+      heartbeat: async () => {
+        throw new Error('The group is rebalancing, so a rejoin is needed');
+      },
+      resolveOffset: () => {},
+    });
+  }
+  await consumer.stop();
+  expect(commits.at(-1)).toBe('3');
+  expect({ applied: consumer.stats().applied, deadLettered: consumer.stats().deadLettered }).toEqual({
+    applied: 2,
+    deadLettered: 1,
+  });
+}, 60_000);
