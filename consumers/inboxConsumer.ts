@@ -281,7 +281,8 @@ export function createInboxConsumerWithTestHooks(
     const every = options.pruneEveryMs ?? 3600_000;
     pruneTimer = setTimeout(async () => {
       try {
-        const removed = await pruneInbox(db, { olderThanMs: options.retentionMs ?? SEVEN_DAYS_MS });
+        // Its own group's rows only: another group's dedupe window is its consumers' retention.
+        const removed = await pruneInbox(db, { olderThanMs: options.retentionMs ?? SEVEN_DAYS_MS, groupId });
         if (removed > 0) log.info({ removed }, 'pruned inbox rows');
       } catch (err) {
         log.warn({ err: messageOf(err) }, 'inbox prune failed');

@@ -62,7 +62,7 @@ export interface InboxConsumerOptions<Tables extends AppTables = NoTables> {
   retryMaxMs?: number;
   /** Refuse a message whose task version is not newer than the newest applied for its key. */
   refuseStaleVersions?: boolean;
-  /** Inbox rows older than this are pruned; must exceed the topics' retention. Default 7 days. */
+  /** This group's inbox rows older than this are pruned; must exceed the topics' retention. Default 7 days. */
   retentionMs?: number;
   pruneEveryMs?: number;
   /**

@@ -10,8 +10,15 @@ import type { Db } from '../../src/db/database.js';
  */
 export async function pruneInbox(
   db: Db,
-  opts: { olderThanMs: number; batchSize?: number; maxBatches?: number },
+  opts: {
+    olderThanMs: number;
+    /** Only this consumer group's rows (a consumer prunes its own; the CLI, without it, every group's). */
+    groupId?: string;
+    batchSize?: number;
+    maxBatches?: number;
+  },
 ): Promise<number> {
+  const ofGroup = opts.groupId === undefined ? sql`` : sql`AND consumer_group = ${opts.groupId}`;
   let total = 0;
   for (let i = 0; i < (opts.maxBatches ?? 1000); i++) {
     // Deleting an applied row is retention's alone (the inbox guard refuses it otherwise).
@@ -20,7 +27,7 @@ export async function pruneInbox(
       return sql`
         DELETE FROM inbox WHERE ctid = ANY(ARRAY(
           SELECT ctid FROM inbox
-           WHERE applied_at < now() - make_interval(secs => ${opts.olderThanMs / 1000})
+           WHERE applied_at < now() - make_interval(secs => ${opts.olderThanMs / 1000}) ${ofGroup}
            ORDER BY applied_at
            LIMIT ${opts.batchSize ?? 5000}))
       `.execute(trx);

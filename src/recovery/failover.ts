@@ -111,9 +111,9 @@ export interface FailoverCheckOptions {
    */
   sourcePrefix?: string;
   /**
-   * With `sourcePrefix`: how long inbox rows are kept here: the shortest `retentionMs` of any
-   * inbox consumer on this database (pruning removes every group's rows; default 7 days, the
-   * consumers' default). Only a message older than that (and than the group's oldest row kept)
+   * With `sourcePrefix`: how long inbox rows are kept here: the shortest `retentionMs` of the
+   * named groups' consumers (each prunes its own group's rows; `cairn inbox prune` prunes every
+   * group's; default 7 days, the consumers' default). Only a message older than that (and than the group's oldest row kept)
    * may be missing because pruning removed its row; a younger one missing is a loss. Set too
    * long, the check holds tasks whose rows were pruned (released with `cairn failover release`).
    */

@@ -26,3 +26,14 @@ it('a prune cut short deletes the oldest rows first, whatever order they were wr
   const { rows } = await sql<{ offset: string }>`SELECT "offset" FROM inbox ORDER BY "offset"`.execute(t.db);
   expect(rows.map((r) => Number(r.offset))).toEqual(Array.from({ length: 20 }, (_, i) => i + 1));
 });
+
+it("a consumer prunes its own group's rows only: another group's dedupe window is its own retention", async () => {
+  for (const group of ['short', 'long']) {
+    await sql`INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", applied_at)
+              VALUES (${group}, ${`${group}-old`}, 't', 0, 0, now() - interval '2 days')`.execute(t.db);
+  }
+  expect(await pruneInbox(t.db, { olderThanMs: 86_400_000, groupId: 'short' })).toBe(1);
+  const { rows } = await sql<{ message_id: string }>`
+    SELECT message_id FROM inbox WHERE consumer_group IN ('short', 'long')`.execute(t.db);
+  expect(rows.map((r) => r.message_id)).toEqual(['long-old']);
+});
