@@ -121,8 +121,11 @@ export async function verifyTasks(
 
   const outbox = await sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox`.execute(db);
   add('no outbox row left', '0', String(outbox.rows[0]!.n), outbox.rows[0]!.n);
+  // The tasks checked only: a task held after a failover keeps the receipt it had at the
+  // promotion (a deploy region A was running when it died stays started, held).
   const receipts = await sql<{ n: number }>`
-    SELECT count(*)::int AS n FROM tool_receipt WHERE status NOT IN ('succeeded', 'compensated')`.execute(db);
+    SELECT count(*)::int AS n FROM tool_receipt
+     WHERE status NOT IN ('succeeded', 'compensated') AND task_id = ANY(${ids}::text[])`.execute(db);
   add('receipts settled', '0 open', `${receipts.rows[0]!.n} open`, receipts.rows[0]!.n);
   return checks;
 }
