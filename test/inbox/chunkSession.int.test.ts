@@ -6,11 +6,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
-import { createKafkaPublisher } from '../../src/kafka/publisher.js';
-import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
-import { createTestDatabase, kafkaBrokers, type TestDatabase } from '../support/testDatabase.js';
+import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
-import { oneTopicOf } from './fixtures.js';
+import { oneTopicOf, onTestBroker } from './fixtures.js';
 
 let t: TestDatabase;
 beforeAll(async () => {
@@ -34,13 +32,7 @@ it('a chunk never outlasts the session: duplicates first, then fresh messages at
   const consumer = createInboxConsumer({
     db: t.db,
     groupId: group,
-    subscriber: createKafkaSubscriber({
-      brokers: kafkaBrokers(),
-      groupId: group,
-      topics: [topic],
-      fromBeginning: true,
-    }),
-    dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+    ...onTestBroker(group, topic),
     handler: async () => {
       await sleep(3); // a handler of a few ms (a task update with its checkpoint, say)
     },
@@ -75,13 +67,7 @@ it('a chunk grown on cheap messages keeps the session alive when its handlers tu
   const consumer = createInboxConsumer({
     db: t.db,
     groupId: group,
-    subscriber: createKafkaSubscriber({
-      brokers: kafkaBrokers(),
-      groupId: group,
-      topics: [topic],
-      fromBeginning: true,
-    }),
-    dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+    ...onTestBroker(group, topic),
     handler: async (_trx, m) => {
       if (m.value?.toString() === 'work') await sleep(3);
     },

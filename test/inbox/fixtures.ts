@@ -3,7 +3,8 @@ import { sql } from 'kysely';
 import { v7 as uuidv7 } from 'uuid';
 import type { Db } from '../../src/db/database.js';
 import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
-import { kafkaClient } from '../../src/kafka/publisher.js';
+import { createKafkaPublisher, kafkaClient, type Publisher } from '../../src/kafka/publisher.js';
+import { createKafkaSubscriber, type ReceivedMessage, type Subscriber } from '../../src/kafka/subscriber.js';
 import { kafkaBrokers, uniqueTopic } from '../support/testDatabase.js';
 
 export async function createEffectsTable(db: Db): Promise<void> {
@@ -88,4 +89,41 @@ export async function oneTopicOf(name: string, n: number, value = (i: number) =>
     });
   await producer.disconnect();
   return topic;
+}
+
+/** The test broker's subscriber (from the beginning) and dead-letter publisher for an inbox consumer of `groupId`. */
+export function onTestBroker(
+  groupId: string,
+  topic: string,
+  clientId?: string,
+): { subscriber: Subscriber; dlqPublisher: Publisher } {
+  return {
+    subscriber: createKafkaSubscriber({
+      brokers: kafkaBrokers(),
+      groupId,
+      topics: [topic],
+      fromBeginning: true,
+      ...(clientId ? { clientId } : {}),
+    }),
+    dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+  };
+}
+
+/** A dead-letter publisher for consumers fed by a stub subscriber: publishes nowhere. */
+export const nowherePublisher = {
+  connect: async () => {},
+  publish: async () => {},
+  disconnect: async () => {},
+} as unknown as Publisher;
+
+/** `n` messages of topic `t`, partition 0, key `k`, offsets 0.., message ids `<prefix>-<offset>`. */
+export function stubMessages(prefix: string, n: number): ReceivedMessage[] {
+  return Array.from({ length: n }, (_, i) => ({
+    topic: 't',
+    partition: 0,
+    offset: String(i),
+    key: 'k',
+    value: Buffer.from('x'),
+    headers: { 'cairn-message-id': `${prefix}-${i}` },
+  }));
 }

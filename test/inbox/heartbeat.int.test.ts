@@ -9,13 +9,11 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
-import type { Publisher } from '../../src/kafka/publisher.js';
-import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
+import { kafkaClient } from '../../src/kafka/publisher.js';
 import type { ReceivedBatch, Subscriber } from '../../src/kafka/subscriber.js';
-import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { pausePoint } from '../support/pausePoint.js';
 import { createTestDatabase, kafkaBrokers, type TestDatabase } from '../support/testDatabase.js';
-import { oneTopicOf } from './fixtures.js';
+import { nowherePublisher, oneTopicOf, onTestBroker, stubMessages } from './fixtures.js';
 
 let t: TestDatabase;
 const kafka = kafkaClient(kafkaBrokers(), 'inbox-heartbeat');
@@ -31,14 +29,7 @@ it('a heartbeat the coordinator does not answer holds no Postgres transaction op
   let beats = 0;
   let done!: () => void;
   const finished = new Promise<void>((r) => (done = r));
-  const msgs = [0, 1, 2].map((i) => ({
-    topic: 't',
-    partition: 0,
-    offset: String(i),
-    key: 'k',
-    value: Buffer.from('x'),
-    headers: { 'cairn-message-id': `m-${i}` },
-  }));
+  const msgs = stubMessages('m', 3);
   const subscriber: Subscriber = {
     async run(eachBatch) {
       const batch: ReceivedBatch = {
@@ -59,17 +50,12 @@ it('a heartbeat the coordinator does not answer holds no Postgres transaction op
     commit: async () => {},
     stop: async () => {},
   };
-  const dlq = {
-    connect: async () => {},
-    publish: async () => {},
-    disconnect: async () => {},
-  } as unknown as Publisher;
   const handled: string[] = [];
   const consumer = createInboxConsumer({
     db: t.db,
     groupId: 'g',
     subscriber,
-    dlqPublisher: dlq,
+    dlqPublisher: nowherePublisher,
     // The first handler takes a bit over a second: the chunk's heartbeat is due after it.
     handler: async (_trx, m) => {
       if (m.offset === '0') await sleep(1100);
@@ -110,14 +96,7 @@ it('a member busy in a long batch rejoins when another joins: the group is stabl
     createInboxConsumer({
       db: t.db,
       groupId: group,
-      subscriber: createKafkaSubscriber({
-        brokers: kafkaBrokers(),
-        groupId: group,
-        topics: [topic],
-        fromBeginning: true,
-        clientId: name,
-      }),
-      dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+      ...onTestBroker(group, topic, name),
       handler: async () => {
         await sleep(3); // 30,000 x 3 ms: A is busy for about 90 s
       },
@@ -151,14 +130,7 @@ it('a member busy in a long batch rejoins when another joins: the group is stabl
 }, 180_000);
 
 it('a chunk that fails after a heartbeat failed still moves: one by one until the failure is seen, that offset committed', async () => {
-  const msgs = [0, 1, 2].map((i) => ({
-    topic: 't',
-    partition: 0,
-    offset: String(i),
-    key: 'k',
-    value: Buffer.from('x'),
-    headers: { 'cairn-message-id': `fallback-${i}` },
-  }));
+  const msgs = stubMessages('fallback', 3);
   let runBatch!: (b: ReceivedBatch) => Promise<void>;
   const commits: string[] = [];
   const subscriber: Subscriber = {
@@ -171,16 +143,11 @@ it('a chunk that fails after a heartbeat failed still moves: one by one until th
     },
     stop: async () => {},
   };
-  const dlq = {
-    connect: async () => {},
-    publish: async () => {},
-    disconnect: async () => {},
-  } as unknown as Publisher;
   const consumer = createInboxConsumer({
     db: t.db,
     groupId: 'fallback',
     subscriber,
-    dlqPublisher: dlq,
+    dlqPublisher: nowherePublisher,
     maxAttempts: 1,
     handler: async (_trx, m) => {
       if (m.offset === '0') await sleep(1100); // the heartbeat comes due after it
