@@ -92,3 +92,34 @@ describe('fairness between tasks of one tenant', () => {
     expect(waited).toBeLessThan(10);
   }, 20_000);
 });
+
+describe('a statement whose answer never comes', () => {
+  it("holds up the next update of its tasks no longer than the batch's slot", async () => {
+    let statements = 0;
+    const db = {
+      isTransaction: false,
+      async executeQuery() {
+        statements++;
+        // The first never answers (a socket frozen by a partition); later ones find the row
+        // held by it (not locked by them): the request then runs alone.
+        if (statements === 1) return new Promise(() => {});
+        return { rows: [{ locked: [], swapped: [] }] };
+      },
+    } as never;
+    const row = {
+      taskId: 'frozen',
+      tenantId: 'acme',
+      expectedVersion: 1,
+      expectedUpdatedAt: 'u',
+      status: 'planning',
+      schemaVersion: 'v2',
+      doc: {},
+      audit: { actor: 'a', reason: null, patch: [] },
+    };
+    void coalescedCas(db, row, async () => false);
+    await new Promise((r) => setTimeout(r, 20));
+    const next = coalescedCas(db, row, async () => false);
+    const outcome = await Promise.race([next, new Promise((r) => setTimeout(() => r('pending'), 2_000))]);
+    expect(outcome).toBe(false);
+  });
+});

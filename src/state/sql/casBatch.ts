@@ -61,7 +61,7 @@ class Coalescer {
    * step touches what it takes, never the whole queue.
    */
   private readonly waiting = new Map<string, Map<string, Waiting[]>>();
-  /** Task ids in a statement now: a second CAS of one waits for the first's outcome. */
+  /** Task ids in a statement now (for up to SLOT_HOLD_MS): a second CAS of one waits for the first's outcome. */
   private readonly busy = new Set<string>();
   private inFlight = 0;
   private scheduled = false;
@@ -109,7 +109,14 @@ class Coalescer {
         this.inFlight--;
         this.schedule();
       };
-      const timer = setTimeout(release, SLOT_HOLD_MS);
+      // Past the slot's time its tasks are no longer kept out of other statements either: a
+      // statement whose answer never comes (a socket frozen by a partition) must not hold up
+      // the next update of up to 64 tasks. Postgres still decides: a row the first statement
+      // holds is skipped by the next batch and waited for alone, as without coalescing.
+      const timer = setTimeout(() => {
+        for (const w of batch) this.busy.delete(w.row.taskId);
+        release();
+      }, SLOT_HOLD_MS);
       timer.unref();
       void this.send(batch).finally(() => {
         clearTimeout(timer);
