@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { databaseAddress, pingDatabase } from '../src/db/database.js';
 import type { Trx } from '../src/db/executor.js';
-import { isConfigurationSqlError, isRetriableSqlError } from '../src/db/sqlstate.js';
+import { isConfigurationSqlError, isConnectionLoss, isRetriableSqlError } from '../src/db/sqlstate.js';
 import { mayRetry, messageOf } from '../src/errors.js';
 import type { ReceivedBatch } from '../src/kafka/subscriber.js';
 import { silentLogger } from '../src/logger.js';
@@ -207,17 +207,65 @@ export function createInboxConsumerWithTestHooks(
     );
   }
 
-  /** One message in its own transaction, with retries; dead-lettered when it keeps failing. */
-  async function applyAlone(m: InboxMessage): Promise<void> {
+  /** Waits until Postgres answers (waitingFor() says 'postgres' meanwhile); 'stopped' if stop() ended the wait. */
+  function databaseAnswers(): Promise<'reached' | 'stopped'> {
+    return untilReachable(() => pingDatabase(db), {
+      dependency: 'postgres',
+      address: databaseAddress(db),
+      logger: log,
+      isConfigurationError: isConfigurationSqlError,
+      signal: stopWaiting.signal,
+      onWaiting: (w) => {
+        waitingForDb = w;
+      },
+    });
+  }
+
+  /**
+   * After a failure: was it Postgres going away? An outage is never the message's fault: it
+   * spends none of its attempts (a cut of a second spent them all, and the healthy message was
+   * dead-lettered once Postgres answered again). A connection error while the database answers
+   * at once (a handler's own call to another service, a pooled connection that died) is the
+   * message's. 'waited': Postgres was down and answers again; 'stopped': stop() ended the wait.
+   */
+  async function outage(err: unknown): Promise<'none' | 'waited' | 'stopped'> {
+    if (!isConnectionLoss(err)) return 'none';
+    try {
+      await pingDatabase(db);
+      return 'none';
+    } catch {
+      log.warn({ err: messageOf(err) }, 'postgres went away: waiting for it; no attempt is counted');
+    }
+    return (await databaseAnswers()) === 'reached' ? 'waited' : 'stopped';
+  }
+
+  /**
+   * One message in its own transaction, with retries; dead-lettered when it keeps failing.
+   * false when it was neither applied nor dead-lettered (a stop, or the partition lost while
+   * Postgres was down): the caller hands the rest of the batch back.
+   */
+  async function applyAlone(m: InboxMessage, isActive: () => boolean): Promise<boolean> {
     for (let attempt = 1; ; attempt++) {
       try {
         committed(await db.transaction().execute((trx) => applyChunk(trx, [m])));
-        return;
+        return true;
       } catch (err) {
+        const down = await outage(err);
+        if (down !== 'none') {
+          if (down === 'stopped' || !isActive()) return false;
+          attempt--;
+          continue;
+        }
         const retriable = mayRetry(err) || isRetriableSqlError(err);
         if (!retriable || attempt >= maxAttempts) {
-          await deadLetter(m, err, attempt);
-          return;
+          try {
+            await deadLetter(m, err, attempt);
+          } catch (failed) {
+            // Postgres went away while it was dead-lettered: read again later, nothing lost.
+            if ((await outage(failed)) === 'none') throw failed;
+            return false;
+          }
+          return true;
         }
         stats.retries++;
         log.warn({ message_id: m.messageId, attempt, err: messageOf(err) }, 'handler failed; retrying');
@@ -244,6 +292,13 @@ export function createInboxConsumerWithTestHooks(
         // Paced by handled messages: growing on a chunk of duplicates ran past the session.
         if (r.counts.applied > 0) chunks.took(r.counts.applied, performance.now() - started);
       } catch (err) {
+        // Postgres went away: once it answers, the whole chunk again.
+        const down = await outage(err);
+        if (down === 'stopped') return;
+        if (down === 'waited') {
+          i -= chunk.length;
+          continue;
+        }
         // Something in the chunk failed and the whole transaction rolled back: apply the
         // messages one by one so one bad message cannot hold back the others. Each in its own
         // transaction, so stopping part-way loses nothing (the rest is read again); after a
@@ -253,7 +308,7 @@ export function createInboxConsumerWithTestHooks(
         done = 0;
         for (const m of chunk) {
           if (!batch.isActive() || (done > 0 && heartbeat.failed())) break;
-          await applyAlone(m);
+          if (!(await applyAlone(m, batch.isActive))) break;
           done++;
           heartbeat.beat();
         }
@@ -294,17 +349,7 @@ export function createInboxConsumerWithTestHooks(
 
   const consumer: InboxConsumer = {
     async run() {
-      const reached = await untilReachable(() => pingDatabase(db), {
-        dependency: 'postgres',
-        address: databaseAddress(db),
-        logger: log,
-        isConfigurationError: isConfigurationSqlError,
-        signal: stopWaiting.signal,
-        onWaiting: (w) => {
-          waitingForDb = w;
-        },
-      });
-      if (reached === 'stopped') return;
+      if ((await databaseAnswers()) === 'stopped') return;
       schedulePrune();
       await options.subscriber.run(onBatch);
     },

@@ -42,6 +42,7 @@ export const SqlState = {
   adminShutdown: '57P01',
   crashShutdown: '57P02',
   cannotConnectNow: '57P03',
+  tooManyConnections: '53300',
   queryCanceled: '57014',
   // The connection has no prepared statement of that name (DEALLOCATE ALL ran on it): src/db/pool.ts.
   invalidSqlStatementName: '26000',
@@ -127,14 +128,28 @@ export function sqlState(err: unknown): string | undefined {
 /** Errors where running the same transaction again may succeed. */
 export function isRetriableSqlError(err: unknown): boolean {
   const state = sqlState(err);
+  return (
+    state === SqlState.serializationFailure ||
+    state === SqlState.deadlockDetected ||
+    state === SqlState.lockNotAvailable ||
+    isConnectionLoss(err)
+  );
+}
+
+/**
+ * The connection failed or was closed (the server restarting or shutting down, the network
+ * cut, too many connections), whatever the statement was. Says nothing on its own about whose
+ * connection: a handler's call to another service can fail with ECONNREFUSED too, so callers
+ * ask the database (pingDatabase) before they take it for an outage of Postgres.
+ */
+export function isConnectionLoss(err: unknown): boolean {
+  const state = sqlState(err);
   if (state) {
     return (
-      state === SqlState.serializationFailure ||
-      state === SqlState.deadlockDetected ||
-      state === SqlState.lockNotAvailable ||
       state === SqlState.adminShutdown ||
       state === SqlState.crashShutdown ||
       state === SqlState.cannotConnectNow ||
+      state === SqlState.tooManyConnections ||
       state.startsWith('08') // connection exceptions
     );
   }
@@ -144,7 +159,10 @@ export function isRetriableSqlError(err: unknown): boolean {
     code === 'ECONNREFUSED' ||
     code === 'ECONNRESET' ||
     code === 'EPIPE' ||
-    /Connection terminated|terminating connection|Client has encountered a connection error/i.test(message)
+    code === 'ETIMEDOUT' ||
+    /Connection terminated|terminating connection|Client has encountered a connection error|timeout exceeded when trying to connect/i.test(
+      message,
+    )
   );
 }
 

@@ -11,6 +11,12 @@ export async function freePort(): Promise<number> {
 
 export interface TcpProxy {
   close(): Promise<void>;
+  /**
+   * The dependency goes down: every open connection is cut and each new one is closed as soon
+   * as it is accepted, until restore(). `onRefused(n)` is called with the count refused so far.
+   */
+  cut(onRefused?: (n: number) => void): void;
+  restore(): void;
 }
 
 /**
@@ -20,7 +26,13 @@ export interface TcpProxy {
  */
 export async function startTcpProxy(port: number, target: { host: string; port: number }): Promise<TcpProxy> {
   const sockets = new Set<Socket>();
+  let down: { refused: number; onRefused?: ((n: number) => void) | undefined } | undefined;
   const server = createServer((client) => {
+    if (down) {
+      client.destroy();
+      down.onRefused?.(++down.refused);
+      return;
+    }
     const upstream = createConnection(target);
     for (const s of [client, upstream]) {
       sockets.add(s);
@@ -37,6 +49,13 @@ export async function startTcpProxy(port: number, target: { host: string; port: 
     server.listen(port, '127.0.0.1', resolve);
   });
   return {
+    cut(onRefused) {
+      down = { refused: 0, onRefused };
+      for (const s of sockets) s.destroy();
+    },
+    restore() {
+      down = undefined;
+    },
     close: () =>
       new Promise<void>((resolve) => {
         for (const s of sockets) s.destroy();
