@@ -1,17 +1,11 @@
 #!/usr/bin/env node
-/** `cairn <command>`: operator commands. Each command lives in its own module under cli/. */
+/**
+ * `cairn <command>`: operator commands. Each command lives in its own module under cli/ and
+ * is loaded when it runs: loading every command's dependencies (kafkajs, pg, the console's
+ * server, the crypto providers) for each one cost each invocation about a second of CPU.
+ */
 import { ExitCode } from '../src/exitCodes.js';
-import { consoleCommand } from './console.js';
-import { failoverCommand } from './failover.js';
-import { inboxCommand } from './inbox.js';
-import { checkpointCommand, taskCommand } from './inspect.js';
-import { migrateCommand } from './migrate.js';
-import { outboxCommand } from './outbox.js';
 import { printResult, reportError, UsageError, wantsJson } from './output.js';
-import { resumeCommand } from './resume.js';
-import { stackCommand } from './stack.js';
-import { stateCommand } from './state.js';
-import { annotateCommand, holdCommand, keysCommand, retentionCommand, tenantCommand } from './tenancy.js';
 import { packageInfo, packageVersion } from './version.js';
 
 interface Command {
@@ -19,13 +13,27 @@ interface Command {
   help: string;
 }
 
+type Run = (argv: string[]) => Promise<number>;
+/** The command `name` exported by a module of cli/, imported when the command runs. */
+function lazy<M>(load: () => Promise<M>, pick: (m: M) => Run): Run {
+  return async (argv) => pick(await load())(argv);
+}
+const tenancy = () => import('./tenancy.js');
+const inspect = () => import('./inspect.js');
+
 const commands: Record<string, Command> = {
   migrate: {
-    run: migrateCommand,
+    run: lazy(
+      () => import('./migrate.js'),
+      (m) => m.migrateCommand,
+    ),
     help: `  migrate [--status] [--json]                  run pending migrations (prints what ran); --status lists them`,
   },
   stack: {
-    run: stackCommand,
+    run: lazy(
+      () => import('./stack.js'),
+      (m) => m.stackCommand,
+    ),
     help: `  stack up|down|status [--json]                the local Postgres check and Kafka broker (see README)`,
   },
   relay: {
@@ -35,72 +43,90 @@ const commands: Record<string, Command> = {
                                                CAIRN_RELAY_MODE=wal [CAIRN_RELAY_WAL_SLOT]: read the WAL, docs/relay-modes.md)`,
   },
   task: {
-    run: taskCommand,
+    run: lazy(inspect, (m) => m.taskCommand),
     help: `  task show|history <id> [--json]              state and a timeline from the audit log`,
   },
   checkpoint: {
-    run: checkpointCommand,
+    run: lazy(inspect, (m) => m.checkpointCommand),
     help: `  checkpoint list|verify <task> [--json]       checkpoints; verify checks digest, signature, chain
                                                (CAIRN_CHECKPOINT_KEYS=kid:secret,... to check signatures)`,
   },
   resume: {
-    run: resumeCommand,
+    run: lazy(
+      () => import('./resume.js'),
+      (m) => m.resumeCommand,
+    ),
     help: `  resume <task> --workflow F --policy F --agent ID [--json]
                                                verify, re-authorize, reconcile receipts, reacquire the lease`,
   },
   outbox: {
-    run: outboxCommand,
+    run: lazy(
+      () => import('./outbox.js'),
+      (m) => m.outboxCommand,
+    ),
     help: `  outbox status [--json]                       backlog, oldest unpublished, parked keys, lanes owned
   outbox parked [--json]                       keys held back by a message the broker refused
   outbox release <key> --topic T --reason R    let a parked key flow again (audited)
   outbox skip <message_id> --reason R          drop one message (audited)`,
   },
   inbox: {
-    run: inboxCommand,
+    run: lazy(
+      () => import('./inbox.js'),
+      (m) => m.inboxCommand,
+    ),
     help: `  inbox dlq [--group G] [--json]               dead letters
   inbox replay <message_id> --group G          send a dead letter back to its topic
   inbox prune [--older-than-hours 168]         delete old inbox rows in batches`,
   },
   console: {
-    run: consoleCommand,
+    run: lazy(
+      () => import('./console.js'),
+      (m) => m.consoleCommand,
+    ),
     help: `  console [--host 127.0.0.1] [--port 7070] [--users F]
                                                the operator console in a browser (users: --users F or
                                                CAIRN_CONSOLE_USERS; see README "Operator console")`,
   },
   failover: {
-    run: failoverCommand,
+    run: lazy(
+      () => import('./failover.js'),
+      (m) => m.failoverCommand,
+    ),
     help: `  failover check --topics T1,T2 [--group G=T1,T2] [--hold] [--json]
                                                after promoting a standby: what did it lose? (exit 1 if anything)
   failover replay [--from-topic cairn.changelog] [--hold] [--json]
                                                before the check: rebuild lost versions from the changelog`,
   },
   tenant: {
-    run: tenantCommand,
+    run: lazy(tenancy, (m) => m.tenantCommand),
     help: `  tenant add <tenant> [--keyring F]            register a tenant and give it a data key (CAIRN_KEYRING)
   tenant shred <tenant> --yes                  destroy its data keys (crypto-shredding)`,
   },
   keys: {
-    run: keysCommand,
+    run: lazy(tenancy, (m) => m.keysCommand),
     help: `  keys init|rotate --file F                    a keyring file / a new current key-encryption key
   keys rewrap [--keyring F]                    rewrap tenant data keys under the current KEK`,
   },
   retention: {
-    run: retentionCommand,
+    run: lazy(tenancy, (m) => m.retentionCommand),
     help: `  retention policy --tenant X --class C --days N
   retention run [--tenant X] [--dry-run]       delete expired tasks with everything they hold; certificates
   retention certificates [--run ID] [--json]`,
   },
   hold: {
-    run: holdCommand,
+    run: lazy(tenancy, (m) => m.holdCommand),
     help: `  hold place|release (--task T | --tenant X) [--reason R]
   hold list [--tenant X] [--all] [--json]      legal holds: retention never deletes held data`,
   },
   annotate: {
-    run: annotateCommand,
+    run: lazy(tenancy, (m) => m.annotateCommand),
     help: `  annotate <task> --body "..."                 an append-only correction to a task's record`,
   },
   state: {
-    run: stateCommand,
+    run: lazy(
+      () => import('./state.js'),
+      (m) => m.stateCommand,
+    ),
     help: `  state upgrade [--actor spiffe://...]         rewrite tasks stored as oaies.task-state.v1 as v2, through CAS`,
   },
 };
