@@ -1,12 +1,18 @@
-import { mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-/** Repository root, whether this file runs from `cli/stack` or from `dist/cli/stack`. */
+/**
+ * Repository (or installed package) root: the nearest folder above this file with a
+ * package.json, whether it runs from `cli/stack`, from `dist/cli/stack` or bundled into a
+ * test's `.cairn/bundles/*.mjs`.
+ */
 function findRoot(): string {
   const here = dirname(fileURLToPath(import.meta.url));
-  const up = resolve(here, '..', '..');
-  return up.endsWith('dist') ? resolve(up, '..') : up;
+  for (let dir = here; ; dir = dirname(dir)) {
+    if (existsSync(join(dir, 'package.json'))) return dir;
+    if (dirname(dir) === dir) return resolve(here, '..', '..');
+  }
 }
 
 export const repoRoot = findRoot();

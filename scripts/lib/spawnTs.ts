@@ -35,7 +35,7 @@ for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) {
  * that each child starts as plain node: crash tests and the demo start many processes, and
  * compiling TypeScript in every one of them (tsx) costs about a second each on 2 cores.
  */
-function bundle(entry: string): string {
+export function bundle(entry: string): string {
   let out = bundles.get(entry);
   if (!out) {
     out = join(stackDir, 'bundles', `${entry.replace(/[^a-zA-Z0-9]/g, '_')}.${process.pid}.mjs`);

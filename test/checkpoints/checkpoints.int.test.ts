@@ -17,6 +17,7 @@ import { type Policy, resume, workflowDigestOf } from '../../src/recovery/resume
 import type { TaskPatch } from '../../src/schemas/taskPatch.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
+import { cairnBundle } from '../support/cli.js';
 import { waitForLeaseExpiry } from '../support/leases.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 import { resumeOptions } from './fixtures.js';
@@ -262,7 +263,7 @@ describe('operator view', () => {
       DATABASE_URL: tdb.url,
       CAIRN_CHECKPOINT_KEYS: 'k2:current signing key,k1:old signing key',
     };
-    const verify = await run('npx', ['tsx', 'cli/main.ts', 'checkpoint', 'verify', 'cp-corrupt'], {
+    const verify = await run(process.execPath, [cairnBundle(), 'checkpoint', 'verify', 'cp-corrupt'], {
       cwd: repoRoot,
       env,
     }).then(
@@ -272,7 +273,7 @@ describe('operator view', () => {
     expect(verify.code).toBe(1);
     expect(verify.stdout).toMatch(/#3 {2}CORRUPT \(snapshot digest mismatch/);
     expect(verify.stdout).toMatch(/#2 {2}CORRUPT \(signature does not match \(key k2\)\)/);
-    const ok = await run('npx', ['tsx', 'cli/main.ts', 'checkpoint', 'verify', 'cp-1'], {
+    const ok = await run(process.execPath, [cairnBundle(), 'checkpoint', 'verify', 'cp-1'], {
       cwd: repoRoot,
       env,
     });
@@ -284,10 +285,9 @@ describe('operator view', () => {
       JSON.stringify({ version: 'policy-cli', allowed: true, budgetLimitUsd: 80 }),
     );
     const resumed = await run(
-      'npx',
+      process.execPath,
       [
-        'tsx',
-        'cli/main.ts',
+        cairnBundle(),
         'resume',
         'cp-1',
         '--workflow',
@@ -302,7 +302,7 @@ describe('operator view', () => {
     expect(resumed.stdout).toMatch(/^cp-1: resumed from checkpoint [0-9a-f-]{36} at v5 implementing/);
     expect(resumed.stdout).toContain('budget committed 100 -> 80 USD (limit 80, policy-cli)');
     expect(resumed.stdout).toContain('lease held by ops, fencing token 1');
-    const show = await run('npx', ['tsx', 'cli/main.ts', 'task', 'show', 'cp-1'], { cwd: repoRoot, env });
+    const show = await run(process.execPath, [cairnBundle(), 'task', 'show', 'cp-1'], { cwd: repoRoot, env });
     expect(show.stdout).toContain('cp-1 (tenant acme) v5 implementing');
     expect(show.stdout).toMatch(
       /v2 .* spiffe:\/\/acme\.example\/agents\/planner .*\[replace \/status, replace \/gates\/plan_approved\]/,

@@ -16,6 +16,7 @@ import { type KeyRing, signedBytes } from '../../src/checkpoints/signing.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
 import { resume, workflowDigestOf } from '../../src/recovery/resume.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
+import { cairnBundle } from '../support/cli.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 import { resumeOptions, seedPlannedTask, WORKFLOW } from './fixtures.js';
 
@@ -87,7 +88,7 @@ function resumeOpts(workflowDefinition: unknown) {
 
 async function cairnCheckpointVerify(taskId: string, keys?: string) {
   const { CAIRN_CHECKPOINT_KEYS: _k, ...env } = process.env;
-  return run('npx', ['tsx', 'cli/main.ts', 'checkpoint', 'verify', taskId], {
+  return run(process.execPath, [cairnBundle(), 'checkpoint', 'verify', taskId], {
     cwd: repoRoot,
     env: { ...env, DATABASE_URL: tdb.url, ...(keys ? { CAIRN_CHECKPOINT_KEYS: keys } : {}) },
   }).then(

@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { newTask } from '../state/fixtures.js';
+import { cairnBundle } from '../support/cli.js';
 import {
   createTestDatabase,
   createTestTopic,
@@ -22,7 +23,7 @@ async function cairn(
   env: Record<string, string> = {},
 ): Promise<{ code: number; out: string; err: string }> {
   try {
-    const r = await exec(process.execPath, ['--import', 'tsx', 'cli/main.ts', ...args], {
+    const r = await exec(process.execPath, [cairnBundle(), ...args], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: t.url, KAFKA_BROKERS: kafkaBrokers().join(','), ...env },
     });

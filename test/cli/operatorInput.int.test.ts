@@ -3,6 +3,7 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
+import { cairnBundle } from '../support/cli.js';
 import { createTestDatabase, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
 
 const exec = promisify(execFile);
@@ -11,7 +12,7 @@ let messageId: string;
 
 async function cairn(...args: string[]): Promise<{ code: number; out: string; err: string }> {
   try {
-    const r = await exec('npx', ['tsx', 'cli/main.ts', ...args], {
+    const r = await exec(process.execPath, [cairnBundle(), ...args], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: t.url },
     });

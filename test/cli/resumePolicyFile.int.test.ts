@@ -14,6 +14,7 @@ import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { seedPlannedTask, WORKFLOW } from '../checkpoints/fixtures.js';
+import { cairnBundle } from '../support/cli.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
 const run = promisify(execFile);
@@ -39,7 +40,7 @@ afterAll(async () => {
 
 async function cairnResume(taskId: string) {
   const args = ['resume', taskId, '--workflow', join(dir, 'wf.json'), '--policy', join(dir, 'policy.json')];
-  return run('npx', ['tsx', 'cli/main.ts', ...args, '--agent', 'ops'], {
+  return run(process.execPath, [cairnBundle(), ...args, '--agent', 'ops'], {
     cwd: repoRoot,
     env: { ...process.env, DATABASE_URL: tdb.url },
   }).then(

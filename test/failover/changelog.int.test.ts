@@ -24,6 +24,7 @@ import {
 } from '../../src/state/changelog.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask, planApproved } from '../state/fixtures.js';
+import { cairnBundle } from '../support/cli.js';
 import { switchableProvider } from '../support/keyProviders.js';
 import {
   createTestDatabase,
@@ -378,7 +379,7 @@ describe('changelog replay after an asynchronous failover', () => {
     await publishA();
 
     const cli = (...args: string[]) =>
-      promisify(execFile)('npx', ['tsx', 'cli/main.ts', 'failover', 'replay', ...args], {
+      promisify(execFile)(process.execPath, [cairnBundle(), 'failover', 'replay', ...args], {
         cwd: repoRoot,
         env: { ...process.env, KAFKA_BROKERS: kafkaBrokers().join(','), DATABASE_URL: b.url },
       }).then(

@@ -4,6 +4,7 @@ import { describe, expect, inject, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
 import { findPgBin } from '../../scripts/failover/pgCluster.js';
 import { runFailover } from '../../scripts/failover/scenario.js';
+import { cairnBundle } from '../support/cli.js';
 
 const exec = promisify(execFile);
 
@@ -28,7 +29,7 @@ async function cliCheck(
   const args = ['failover', 'check', '--topics', topics.join(','), '--json'];
   for (const g of groups) args.push('--group', `${g.groupId}=${g.topics.join(',')}`);
   try {
-    const r = await exec('npx', ['tsx', 'cli/main.ts', ...args], {
+    const r = await exec(process.execPath, [cairnBundle(), ...args], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: databaseUrl, KAFKA_BROKERS: inject('kafkaBrokers') },
     });

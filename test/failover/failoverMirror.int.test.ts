@@ -11,6 +11,7 @@ import type { SeenMessage } from '../../src/recovery/failover.js';
 import { lostConsumptionsOnMirror, unmirroredMessages } from '../../src/recovery/failoverMirror.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask, planApproved } from '../state/fixtures.js';
+import { cairnBundle } from '../support/cli.js';
 import { twoTenants } from '../support/tenants.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
@@ -136,18 +137,8 @@ describe('lostConsumptionsOnMirror', () => {
 describe('cairn failover check against a mirror whose broker is down', () => {
   it('exits 75 (unavailable, retriable), concluding nothing', async () => {
     const r = await promisify(execFile)(
-      'npx',
-      [
-        'tsx',
-        'cli/main.ts',
-        'failover',
-        'check',
-        '--source-prefix',
-        'A.',
-        '--topics',
-        'A.cairn.tasks',
-        '--json',
-      ],
+      process.execPath,
+      [cairnBundle(), 'failover', 'check', '--source-prefix', 'A.', '--topics', 'A.cairn.tasks', '--json'],
       { cwd: repoRoot, env: { ...process.env, KAFKA_BROKERS: '127.0.0.1:1', DATABASE_URL: t.url } },
     ).then(
       () => ({ code: 0, stderr: '', stdout: '' }),

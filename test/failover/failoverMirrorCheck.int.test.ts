@@ -17,6 +17,7 @@ import { holdDiverged } from '../../src/recovery/failoverHold.js';
 import { runRetention, setRetentionPolicy } from '../../src/retention/retention.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask, planApproved } from '../state/fixtures.js';
+import { cairnBundle } from '../support/cli.js';
 import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
 
 // The failover check on a mirror, against what its second review found: an unprefixed topic
@@ -132,7 +133,7 @@ async function publishedTransition(taskId: string, topic: string): Promise<strin
 
 /** Runs `cairn <args>` against this file's database and the test broker. */
 async function cli(...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  return promisify(execFile)('npx', ['tsx', 'cli/main.ts', ...args], {
+  return promisify(execFile)(process.execPath, [cairnBundle(), ...args], {
     cwd: repoRoot,
     env: { ...process.env, KAFKA_BROKERS: kafkaBrokers().join(','), DATABASE_URL: b.url },
   }).then(

@@ -5,6 +5,7 @@ import { repoRoot } from '../../cli/stack/paths.js';
 import { MIRROR_PREFIX } from '../../scripts/failover/perRegion.js';
 import { findPgBin } from '../../scripts/failover/pgCluster.js';
 import { runFailover } from '../../scripts/failover/scenario.js';
+import { cairnBundle } from '../support/cli.js';
 
 const exec = promisify(execFile);
 const log = (line: string) => process.stderr.write(`${line}\n`);
@@ -78,7 +79,7 @@ describe.skipIf(skip !== '')('regional failover, a Kafka cluster per region (Mir
         ];
         for (const g of groups) args.push('--group', `${g.groupId}=${g.topics.join(',')}`);
         try {
-          const out = await exec('npx', ['tsx', 'cli/main.ts', ...args], {
+          const out = await exec(process.execPath, [cairnBundle(), ...args], {
             cwd: repoRoot,
             env: { ...process.env, DATABASE_URL: url, KAFKA_BROKERS: brokers },
           });

@@ -8,6 +8,7 @@ import { describe, expect, inject, it } from 'vitest';
 import { kafkaPaths, repoRoot } from '../../cli/stack/paths.js';
 import { resolveStack } from '../../cli/stack/resolve.js';
 import { ExitCode } from '../../src/exitCodes.js';
+import { cairnBundle } from '../support/cli.js';
 import { spawnTs } from '../support/processes.js';
 import { createTestDatabase } from '../support/testDatabase.js';
 
@@ -18,7 +19,7 @@ const run = promisify(execFile);
 describe('unreachable services give one-shot commands a clear error, not a hang', () => {
   it('cairn migrate names the Postgres address it tried and what to do', async () => {
     const started = Date.now();
-    const result = await run('npx', ['tsx', 'cli/main.ts', 'migrate'], {
+    const result = await run(process.execPath, [cairnBundle(), 'migrate'], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: 'postgres://cairn:s3cret@127.0.0.1:1/nowhere' },
     }).then(
@@ -59,7 +60,7 @@ describe('unreachable services give one-shot commands a clear error, not a hang'
     await new Promise<void>((r) => spare.listen(0, '127.0.0.1', r));
     const controllerPort = (spare.address() as { port: number }).port;
     await new Promise((r) => spare.close(r));
-    const result = await run('npx', ['tsx', 'cli/main.ts', 'stack', 'up'], {
+    const result = await run(process.execPath, [cairnBundle(), 'stack', 'up'], {
       cwd: repoRoot,
       env: {
         ...process.env,

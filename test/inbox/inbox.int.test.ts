@@ -9,6 +9,7 @@ import { inboxMetrics } from '../../consumers/metrics.js';
 import { createKafkaAdmin } from '../../src/kafka/admin.js';
 import { createKafkaPublisher, kafkaClient, type Publisher } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
+import { cairnBundle } from '../support/cli.js';
 import {
   createTestDatabase,
   createTestTopic,
@@ -176,14 +177,14 @@ describe('inbox consumer on a real broker and real Postgres', () => {
       'cairn-dlq-original-partition': '0',
       'cairn-dlq-original-offset': '1',
     });
-    const listed = await run('npx', ['tsx', 'cli/main.ts', 'inbox', 'dlq', '--group', groupId], {
+    const listed = await run(process.execPath, [cairnBundle(), 'inbox', 'dlq', '--group', groupId], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: tdb.url },
     });
     expect(listed.stdout).toContain(`${groupId}\t${poisonId}\t${topic}/0@1\t1 attempts`);
 
     await sql`INSERT INTO fixed VALUES (true)`.execute(tdb.db);
-    await run('npx', ['tsx', 'cli/main.ts', 'inbox', 'replay', poisonId, '--group', groupId], {
+    await run(process.execPath, [cairnBundle(), 'inbox', 'replay', poisonId, '--group', groupId], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: tdb.url, KAFKA_BROKERS: kafkaBrokers().join(',') },
     });
@@ -272,7 +273,7 @@ describe('inbox consumer on a real broker and real Postgres', () => {
     );
     await sql`INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset")
               VALUES ('prune-g', 'fresh', 't', 0, 0)`.execute(tdb.db);
-    const out = await run('npx', ['tsx', 'cli/main.ts', 'inbox', 'prune', '--older-than-hours', '168'], {
+    const out = await run(process.execPath, [cairnBundle(), 'inbox', 'prune', '--older-than-hours', '168'], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: tdb.url },
     });

@@ -11,6 +11,7 @@ import { startMetricsServer } from '../../src/metrics/metricsServer.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
+import { cairnBundle } from '../support/cli.js';
 import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
 import { readTopic, waitFor } from '../support/topicReader.js';
 
@@ -232,7 +233,7 @@ describe('relay to a real broker', () => {
         (await tdb.db.selectFrom('outbox').select('message_id').where('message_id', 'in', others).execute())
           .length === 0,
     );
-    const parkedCli = await run('npx', ['tsx', 'cli/main.ts', 'outbox', 'parked'], {
+    const parkedCli = await run(process.execPath, [cairnBundle(), 'outbox', 'parked'], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: tdb.url },
     });
@@ -246,10 +247,9 @@ describe('relay to a real broker', () => {
 
     // Releasing without fixing anything parks it again at the same head.
     await run(
-      'npx',
+      process.execPath,
       [
-        'tsx',
-        'cli/main.ts',
+        cairnBundle(),
         'outbox',
         'release',
         'poisoned',
@@ -269,8 +269,8 @@ describe('relay to a real broker', () => {
     );
 
     await run(
-      'npx',
-      ['tsx', 'cli/main.ts', 'outbox', 'skip', poison, '--reason', 'payload too large, resent as pointer'],
+      process.execPath,
+      [cairnBundle(), 'outbox', 'skip', poison, '--reason', 'payload too large, resent as pointer'],
       {
         cwd: repoRoot,
         env: { ...process.env, DATABASE_URL: tdb.url },

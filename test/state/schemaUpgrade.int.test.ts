@@ -4,6 +4,7 @@ import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
+import { cairnBundle } from '../support/cli.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
 const run = promisify(execFile);
@@ -65,7 +66,7 @@ describe('schema upgrade v1 -> v2', () => {
   });
 
   it('`cairn state upgrade` rewrites live v1 rows through CAS with an audit row, and leaves terminal ones as stored', async () => {
-    const { stdout } = await run('npx', ['tsx', 'cli/main.ts', 'state', 'upgrade'], {
+    const { stdout } = await run(process.execPath, [cairnBundle(), 'state', 'upgrade'], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: tdb.url },
     });
@@ -100,7 +101,7 @@ describe('schema upgrade v1 -> v2', () => {
     });
 
     // A second run has nothing left to do.
-    const again = await run('npx', ['tsx', 'cli/main.ts', 'state', 'upgrade'], {
+    const again = await run(process.execPath, [cairnBundle(), 'state', 'upgrade'], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: tdb.url },
     });

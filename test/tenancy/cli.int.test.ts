@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
+import { cairnBundle } from '../support/cli.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
 const exec = promisify(execFile);
@@ -13,7 +14,7 @@ let keyring: string;
 
 async function cairn(...args: string[]): Promise<{ code: number; out: string; err: string }> {
   try {
-    const r = await exec('npx', ['tsx', 'cli/main.ts', ...args], {
+    const r = await exec(process.execPath, [cairnBundle(), ...args], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: t.url, CAIRN_KEYRING: keyring },
     });
