@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { sql } from 'kysely';
-import { canonicalBytes, digestOf, sha256 } from '../canonical.js';
+import { digestOf } from '../canonical.js';
 import { mapSqlError } from '../db/sqlstate.js';
 import type { ReceiptStatus } from '../db/types.js';
 import { CairnError, CairnErrorCodes, LeaseLostError, NotFoundError, ValidationError } from '../errors.js';
@@ -13,6 +13,7 @@ import { parseStoredTaskState } from '../state/parseStored.js';
 import { compensateFrom, lateSuccess, type ReceiptContext, settled } from './compensation.js';
 import { ReceiptStoreOptionsSchema } from './options.js';
 import { createResultCodec, type StoredRow } from './resultCodec.js';
+import { COLUMNS, idempotencyKeyOf } from './rows.js';
 import { receiptOwnerAlive } from './sql/ownerAlive.js';
 import { reclaimReceipt } from './sql/reclaim.js';
 import type {
@@ -26,6 +27,7 @@ import type {
   RunOnceResult,
 } from './types.js';
 
+export { idempotencyKeyOf } from './rows.js';
 export type {
   EffectContext,
   GateRecord,
@@ -37,38 +39,6 @@ export type {
   RunOnceResult,
   UncertainPolicy,
 } from './types.js';
-
-/**
- * The idempotency key of (task, step, tool, args): a sha256 over their canonical JSON, the
- * same on every worker.
- */
-export function idempotencyKeyOf(a: { taskId: string; step: string; tool: string; args: unknown }): string {
-  try {
-    return sha256(canonicalBytes({ task_id: a.taskId, step: a.step, tool: a.tool, args: a.args ?? null }));
-  } catch {
-    throw new ValidationError('receipt args', [{ path: 'args', message: 'must be JSON-serializable' }]);
-  }
-}
-
-const COLUMNS = [
-  'receipt_id',
-  'idempotency_key',
-  'task_id',
-  'step',
-  'tool',
-  'status',
-  'attempt',
-  'worker',
-  'result',
-  'result_digest',
-  'result_enc',
-  'result_key_id',
-  'tenant_id',
-  'error',
-  'resolution',
-  'started_at',
-  'finished_at',
-] as const;
 
 /** Makes a ReceiptStore. It holds no connection or timer of its own, so it has nothing to close. */
 export function createReceiptStore(options: ReceiptStoreOptions): ReceiptStore {
