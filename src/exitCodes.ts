@@ -1,3 +1,4 @@
+import { isConnectionLoss, SqlState, sqlState } from './db/sqlstate.js';
 import { CairnError } from './errors.js';
 
 /**
@@ -17,11 +18,22 @@ export const ExitCode = {
   configuration: 78,
 } as const;
 
+/**
+ * Codes of Cairn's errors that say a dependency is not there now (the key provider's file
+ * unreadable): nothing was concluded, as for `unavailable`.
+ */
+const UNAVAILABLE_CODES = new Set(['unavailable', 'keyring_unreadable']);
+
 export function exitCodeFor(err: unknown): number {
-  if (!(err instanceof CairnError)) return ExitCode.failed;
+  // Postgres went away (a session terminated, refused, too many connections) or stalled past a
+  // statement timeout: an outage, never a finding, whatever the command was doing.
+  if (!(err instanceof CairnError))
+    return isConnectionLoss(err) || sqlState(err) === SqlState.queryCanceled
+      ? ExitCode.unavailable
+      : ExitCode.failed;
   if (err.code === 'configuration' || err.code === 'topic_missing') return ExitCode.configuration;
   if (err.code === 'usage') return ExitCode.usage;
   // An outage concluded nothing: a script must be able to tell it from a finding (exit 1).
-  if (err.code === 'unavailable') return ExitCode.unavailable;
+  if (UNAVAILABLE_CODES.has(err.code)) return ExitCode.unavailable;
   return ExitCode.failed;
 }
