@@ -1,0 +1,59 @@
+// Review (a Postgres that cannot take writes now is an outage): in a failover the consumer's
+// address may reach a server that is read-only (a standby not promoted yet, or the old primary
+// demoted). Every inbox insert then fails with 25006 while a ping answers, so the consumer takes
+// it for the message's failure: after its attempts it publishes the message to `<topic>.dlq`
+// (then fails to record it, and does it again on every redelivery). Expected: nothing sent to
+// the dead-letter topic while Postgres only refuses writes.
+import { sql } from 'kysely';
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
+import { createDb, type Db } from '../../src/db/database.js';
+import type { Publisher } from '../../src/kafka/publisher.js';
+import { oneTopicOf, onTestBroker } from '../inbox/fixtures.js';
+import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+
+let t: TestDatabase;
+let readOnly: Db;
+beforeAll(async () => {
+  t = await createTestDatabase('inbox_read_only');
+  await sql`CREATE TABLE effects (message_id text PRIMARY KEY)`.execute(t.db);
+  const url = new URL(t.url);
+  url.searchParams.set('options', '-c default_transaction_read_only=on');
+  readOnly = createDb({ connectionString: url.toString(), max: 4 });
+});
+afterAll(async () => {
+  await readOnly?.destroy();
+  await t?.drop();
+});
+
+it('a read-only Postgres (failover in progress) sends nothing to the dead-letter topic', async () => {
+  const topic = await oneTopicOf('read-only', 1);
+  const group = `${topic}.g`;
+  const broker = onTestBroker(group, topic);
+  const sentToDlq: string[] = [];
+  const dlqPublisher: Publisher = Object.assign(Object.create(broker.dlqPublisher) as Publisher, {
+    publish: async (ms: Parameters<Publisher['publish']>[0]) => {
+      for (const m of ms) sentToDlq.push(m.topic);
+      return broker.dlqPublisher.publish(ms);
+    },
+    connect: () => broker.dlqPublisher.connect(),
+    disconnect: () => broker.dlqPublisher.disconnect(),
+  });
+  const consumer = createInboxConsumer({
+    db: readOnly,
+    groupId: group,
+    subscriber: broker.subscriber,
+    dlqPublisher,
+    handler: async (trx, m) => {
+      await sql`INSERT INTO effects VALUES (${m.value?.toString() ?? ''})`.execute(trx);
+    },
+  });
+  void consumer.run();
+  try {
+    const until = Date.now() + 15_000;
+    while (Date.now() < until && sentToDlq.length === 0) await new Promise((r) => setTimeout(r, 100));
+    expect(sentToDlq).toEqual([]);
+  } finally {
+    await consumer.stop();
+  }
+});
