@@ -44,6 +44,8 @@ export const CairnErrorCodes = {
   UnknownTenant: 'unknown_tenant',
   /** An annotation id that already holds another author or text. */
   AnnotationConflict: 'annotation_conflict',
+  /** An effect's call was cut off after its request left: it may have done its work ({@link OutcomeUnknownError}). */
+  OutcomeUnknown: 'outcome_unknown',
   /** A data key, key-encryption key or signing key that is not there (shredded, or not configured). */
   KeyMissing: 'key_missing',
   /** A data key of another tenant was offered: nothing was decrypted. */
@@ -210,6 +212,18 @@ export function preview(value: unknown, max = 80): string {
 }
 
 /** The lease this write relies on was lost (expired, taken over, or released): nothing was written. */
+/**
+ * Throw it from a tool receipt's effect when the call may have done its work though no answer
+ * came back (a timeout after the request left, say): the receipt turns uncertain and goes to
+ * compensation or a human gate, never to a blind retry. A connection reset, a timeout or an
+ * abort thrown by the effect counts the same (src/receipts/outcome.ts).
+ */
+export class OutcomeUnknownError extends CairnError {
+  constructor(message: string, cause?: unknown) {
+    super('outcome_unknown', message, { cause });
+  }
+}
+
 export class LeaseLostError extends CairnError {
   constructor(message: string) {
     super('lease_lost', message);

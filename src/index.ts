@@ -45,6 +45,7 @@ export {
   LeaseHeldError,
   LeaseLostError,
   NotFoundError,
+  OutcomeUnknownError,
   StaleWriteError,
   TopicMissingError,
   UnavailableError,

@@ -1,10 +1,18 @@
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { sql } from 'kysely';
+import pRetry from 'p-retry';
 import { digestOf } from '../canonical.js';
-import { mapSqlError } from '../db/sqlstate.js';
+import { isRetriableSqlError, mapSqlError, SqlState, sqlState } from '../db/sqlstate.js';
 import type { ReceiptStatus } from '../db/types.js';
-import { CairnError, CairnErrorCodes, LeaseLostError, NotFoundError, ValidationError } from '../errors.js';
+import {
+  CairnError,
+  CairnErrorCodes,
+  LeaseLostError,
+  messageOf,
+  NotFoundError,
+  ValidationError,
+} from '../errors.js';
 import type { Lease } from '../leases/leases.js';
 import { holdsFence } from '../leases/sql/fenceCheck.js';
 import { silentLogger } from '../logger.js';
@@ -12,6 +20,7 @@ import { parseOptions, refuseUnknownKeys } from '../options.js';
 import { parseStoredTaskState } from '../state/parseStored.js';
 import { compensateFrom, lateSuccess, type ReceiptContext, settled } from './compensation.js';
 import { ReceiptStoreOptionsSchema } from './options.js';
+import { outcomeUnknown } from './outcome.js';
 import { createResultCodec, type StoredRow } from './resultCodec.js';
 import { COLUMNS, idempotencyKeyOf } from './rows.js';
 import { receiptOwnerAlive } from './sql/ownerAlive.js';
@@ -123,6 +132,25 @@ export function createReceiptStoreWithTestHooks(
       });
   }
 
+  /**
+   * Records how an effect ended. Only this worker knows it: Postgres going away for a moment
+   * must not lose it (a receipt left started is later taken for uncertain, and a known
+   * success gated, compensated or run again). The update is the same each time it is sent, so
+   * it is sent again, with capped backoff, until Postgres takes it.
+   */
+  function record<R>(what: string, write: () => Promise<R>): Promise<R> {
+    return pRetry(write, {
+      retries: Number.POSITIVE_INFINITY,
+      minTimeout: 100,
+      maxTimeout: 5000,
+      shouldRetry: ({ error }) => isRetriableSqlError(error) || sqlState(error) === SqlState.queryCanceled,
+      onFailedAttempt: ({ error, attemptNumber }) => {
+        if (isRetriableSqlError(error) || sqlState(error) === SqlState.queryCanceled)
+          log.warn({ err: messageOf(error), attempt: attemptNumber }, `recording ${what}: trying again`);
+      },
+    });
+  }
+
   /** Runs the effect for an intent this worker holds, and records how it ended. */
   async function execute<T>(input: RunOnceInput<T>, ref: Ref, attempt: number): Promise<RunOnceResult<T>> {
     await hooks.afterIntent?.();
@@ -132,17 +160,19 @@ export function createReceiptStoreWithTestHooks(
     // already took it over). Between this check and the effect the window stays; a late
     // success is then handled by lateSuccess.
     if (input.lease && !(await holdsFence(db, input.lease))) {
-      await db
-        .updateTable('tool_receipt')
-        .set({
-          status: 'failed',
-          error: 'lease lost before the effect: it did not run',
-          finished_at: sql<Date>`now()`,
-        })
-        .where('receipt_id', '=', ref.receiptId)
-        .where('status', '=', 'started')
-        .where('attempt', '=', attempt)
-        .execute();
+      await record('that the effect did not run', () =>
+        db
+          .updateTable('tool_receipt')
+          .set({
+            status: 'failed',
+            error: 'lease lost before the effect: it did not run',
+            finished_at: sql<Date>`now()`,
+          })
+          .where('receipt_id', '=', ref.receiptId)
+          .where('status', '=', 'started')
+          .where('attempt', '=', attempt)
+          .execute(),
+      );
       throw new LeaseLostError(
         `receipt ${input.tool} at ${input.step} of task ${input.taskId}: lease token ${input.lease.fencingToken} was lost after the intent; the effect did not run`,
       );
@@ -152,34 +182,49 @@ export function createReceiptStoreWithTestHooks(
       result = await input.effect({ ...ref, attempt });
     } catch (err) {
       const message = (err as Error)?.message ?? String(err);
-      await db
-        .updateTable('tool_receipt')
-        .set({ status: 'failed', error: message, finished_at: sql<Date>`now()` })
-        .where('receipt_id', '=', ref.receiptId)
-        .where('status', '=', 'started')
-        .where('attempt', '=', attempt)
-        .execute();
-      log.warn({ task_id: input.taskId, receipt_id: ref.receiptId, err: message }, 'effect failed');
-      return { ...ref, status: 'failed', error: message };
+      // A call cut off after its request left (a reset, a timeout) may have done its work: the
+      // outcome is unknown, and an unknown outcome is compensated or gated, never run again
+      // blindly. A tool declared idempotent may run again: the external API dedupes by the key.
+      const unknown = outcomeUnknown(err) && input.onUncertain !== 'retry';
+      await record('how the effect ended', () =>
+        db
+          .updateTable('tool_receipt')
+          .set({ status: unknown ? 'uncertain' : 'failed', error: message, finished_at: sql<Date>`now()` })
+          .where('receipt_id', '=', ref.receiptId)
+          .where('status', '=', 'started')
+          .where('attempt', '=', attempt)
+          .execute(),
+      );
+      log.warn(
+        { task_id: input.taskId, receipt_id: ref.receiptId, err: message },
+        unknown ? 'effect cut off: its outcome is unknown' : 'effect failed',
+      );
+      if (!unknown) return { ...ref, status: 'failed', error: message };
+      const row = await load(ref.idempotencyKey, input.taskId);
+      if (row?.status !== 'uncertain') return store.runOnce(input); // someone else moved it: look again
+      return resolveUncertain(input, row, options.worker ?? `${hostname()}:${process.pid}`);
     }
     await hooks.afterEffect?.();
     // Recording a success is never fenced: the effect happened, and saying so is always
     // right, unless someone already acted on the belief that it might not have (below).
-    const recorded = await db
-      .updateTable('tool_receipt')
-      .set({
-        status: 'succeeded',
-        ...(input.digestOnly
-          ? { result: null, result_enc: null, result_key_id: null }
-          : await encode(ref.receiptId, result)),
-        result_digest: digestOf(result),
-        finished_at: sql<Date>`now()`,
-      })
-      .where('receipt_id', '=', ref.receiptId)
-      .where('attempt', '=', attempt)
-      .where('status', 'in', ['started', 'uncertain'])
-      .returning('receipt_id')
-      .executeTakeFirst();
+    const stored = input.digestOnly
+      ? { result: null, result_enc: null, result_key_id: null }
+      : await encode(ref.receiptId, result);
+    const recorded = await record('the success', () =>
+      db
+        .updateTable('tool_receipt')
+        .set({
+          status: 'succeeded',
+          ...stored,
+          result_digest: digestOf(result),
+          finished_at: sql<Date>`now()`,
+        })
+        .where('receipt_id', '=', ref.receiptId)
+        .where('attempt', '=', attempt)
+        .where('status', 'in', ['started', 'uncertain'])
+        .returning('receipt_id')
+        .executeTakeFirst(),
+    );
     if (recorded) return { ...ref, status: 'succeeded', result, ran: true };
     return lateSuccess(ctx, input, ref, attempt, result);
   }
