@@ -1,8 +1,14 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import { databaseAddress, pingDatabase } from '../src/db/database.js';
+import { databaseAddress, pingDatabase, pingWritable } from '../src/db/database.js';
 import type { Trx } from '../src/db/executor.js';
-import { isConfigurationSqlError, isConnectionLoss, isRetriableSqlError } from '../src/db/sqlstate.js';
-import { mayRetry, messageOf } from '../src/errors.js';
+import {
+  isConfigurationSqlError,
+  isConnectionLoss,
+  isRetriableSqlError,
+  SqlState,
+  sqlState,
+} from '../src/db/sqlstate.js';
+import { CairnError, mayRetry, messageOf } from '../src/errors.js';
 import type { ReceivedBatch } from '../src/kafka/subscriber.js';
 import { silentLogger } from '../src/logger.js';
 import { parseOptions } from '../src/options.js';
@@ -208,8 +214,8 @@ export function createInboxConsumerWithTestHooks(
   }
 
   /** Waits until Postgres answers (waitingFor() says 'postgres' meanwhile); 'stopped' if stop() ended the wait. */
-  function databaseAnswers(): Promise<'reached' | 'stopped'> {
-    return untilReachable(() => pingDatabase(db), {
+  function databaseAnswers(ping = () => pingDatabase(db)): Promise<'reached' | 'stopped'> {
+    return untilReachable(ping, {
       dependency: 'postgres',
       address: databaseAddress(db),
       logger: log,
@@ -229,14 +235,37 @@ export function createInboxConsumerWithTestHooks(
    * message's. 'waited': Postgres was down and answers again; 'stopped': stop() ended the wait.
    */
   async function outage(err: unknown): Promise<'none' | 'waited' | 'stopped'> {
-    if (!isConnectionLoss(err)) return 'none';
+    if (err instanceof CairnError && err.code === 'unavailable') return dependencyBack(err);
+    const readOnly = sqlState(err) === SqlState.readOnlyTransaction;
+    if (!isConnectionLoss(err) && !readOnly) return 'none';
     try {
-      await pingDatabase(db);
+      await (readOnly ? pingWritable : pingDatabase)(db);
       return 'none';
     } catch {
       log.warn({ err: messageOf(err) }, 'postgres went away: waiting for it; no attempt is counted');
     }
-    return (await databaseAnswers()) === 'reached' ? 'waited' : 'stopped';
+    // A server that is read-only (a standby being promoted) is waited for until it takes writes.
+    const back = await databaseAnswers(readOnly ? () => pingWritable(db) : undefined);
+    return back === 'reached' ? 'waited' : 'stopped';
+  }
+
+  let dependencyWaits = 0;
+  /**
+   * Another dependency the handler needs is down (a key provider that does not answer:
+   * UnavailableError): no attempt is counted; the chunk waits, with capped backoff, and runs again.
+   */
+  async function dependencyBack(err: unknown): Promise<'waited' | 'stopped'> {
+    const ms = Math.min(retryMaxMs * 2, retryBaseMs * 2 ** Math.min(dependencyWaits++, 16));
+    log.warn(
+      { err: messageOf(err), retry_in_ms: ms },
+      'a dependency is unavailable: waiting; no attempt is counted',
+    );
+    try {
+      await sleep(ms * (0.8 + Math.random() * 0.2), undefined, { signal: stopWaiting.signal });
+      return 'waited';
+    } catch {
+      return 'stopped';
+    }
   }
 
   /**
@@ -289,6 +318,7 @@ export function createInboxConsumerWithTestHooks(
         const started = performance.now();
         const r = await db.transaction().execute((trx) => applyChunk(trx, chunk, heartbeat));
         committed(r);
+        dependencyWaits = 0;
         // Paced by handled messages: growing on a chunk of duplicates ran past the session.
         if (r.counts.applied > 0) chunks.took(r.counts.applied, performance.now() - started);
       } catch (err) {

@@ -3,7 +3,7 @@ import { z } from 'zod';
 import type { Db } from '../db/database.js';
 import type { Executor } from '../db/executor.js';
 import { assertTenantId, assertTenantKnown, registerTenant } from '../db/tenant.js';
-import { CairnError } from '../errors.js';
+import { CairnError, messageOf, UnavailableError } from '../errors.js';
 import { objectWith, opt, optionsSchema, parseOptions } from '../options.js';
 import { type KeyProvider, open, seal } from './keyProvider.js';
 
@@ -45,11 +45,36 @@ const TenantKeysOptionsSchema = optionsSchema<TenantKeysOptions>()(
 );
 
 /**
+ * The provider's calls with their failures told apart: an error of Cairn's (a key not in the
+ * keyring, a wrapped key that does not open) says what is wrong; anything else (a KMS that does
+ * not answer, the network) is an outage: UnavailableError, retriable, never taken for
+ * corruption (an inbox handler waits for it instead of spending its message's attempts).
+ */
+function outagesNamed(p: KeyProvider): KeyProvider {
+  const call = async <T>(what: string, f: () => Promise<T>): Promise<T> => {
+    try {
+      return await f();
+    } catch (err) {
+      if (err instanceof CairnError) throw err;
+      throw new UnavailableError(`the key provider did not answer (${what}): ${messageOf(err)}`, err);
+    }
+  };
+  return {
+    currentKekId: () => call('current key id', () => p.currentKekId()),
+    wrap: (id, key, context) => call(`wrap ${context} under ${id}`, () => p.wrap(id, key, context)),
+    unwrap: (id, wrapped, context) =>
+      call(`unwrap ${context} under ${id}`, () => p.unwrap(id, wrapped, context)),
+  };
+}
+
+/**
  * Makes TenantKeys: per-tenant data keys stored wrapped in the database and unwrapped by
  * the provider (cached in memory). It holds no connection of its own.
  */
 export function createTenantKeys(options: TenantKeysOptions): TenantKeys {
-  const { db, provider } = parseOptions('tenant keys options', TenantKeysOptionsSchema, options);
+  const parsed = parseOptions('tenant keys options', TenantKeysOptionsSchema, options);
+  const { db } = parsed;
+  const provider = outagesNamed(parsed.provider);
   const unwrapped = new Map<string, { tenantId: string; key: Buffer }>();
 
   async function keyById(keyId: string, tenantId: string, ex: Executor): Promise<Buffer> {

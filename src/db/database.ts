@@ -5,6 +5,7 @@ import {
   PostgresDialect,
   PostgresIntrospector,
   PostgresQueryCompiler,
+  sql,
 } from 'kysely';
 import { z } from 'zod';
 import { ConfigurationError, UnavailableError } from '../errors.js';
@@ -233,6 +234,15 @@ export function databaseAddress(db: Db): string {
 /** One round trip; throws what pg threw when the server cannot be reached or refuses us. */
 export async function pingDatabase(db: Db): Promise<void> {
   await db.selectNoFrom((eb) => eb.val(1).as('one')).execute();
+}
+
+/** Throws unless the server takes writes (a standby, or one set read-only, does not). */
+export async function pingWritable(db: Db): Promise<void> {
+  const { rows } = await sql<{ ro: string }>`SELECT current_setting('transaction_read_only') AS ro`.execute(
+    db,
+  );
+  if (rows[0]?.ro !== 'off')
+    throw new Error('the server is read-only (a standby, or default_transaction_read_only)');
 }
 
 export function redact(url: string): string {

@@ -43,6 +43,8 @@ export const SqlState = {
   crashShutdown: '57P02',
   cannotConnectNow: '57P03',
   tooManyConnections: '53300',
+  // A write on a server that takes none (a standby not promoted yet).
+  readOnlyTransaction: '25006',
   queryCanceled: '57014',
   // The connection has no prepared statement of that name (DEALLOCATE ALL ran on it): src/db/pool.ts.
   invalidSqlStatementName: '26000',

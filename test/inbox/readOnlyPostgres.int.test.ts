@@ -9,7 +9,7 @@ import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
 import { createDb, type Db } from '../../src/db/database.js';
 import type { Publisher } from '../../src/kafka/publisher.js';
-import { oneTopicOf, onTestBroker } from '../inbox/fixtures.js';
+import { oneTopicOf, onTestBroker } from './fixtures.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
 let t: TestDatabase;
@@ -50,9 +50,14 @@ it('a read-only Postgres (failover in progress) sends nothing to the dead-letter
   });
   void consumer.run();
   try {
+    // It says it waits for Postgres (to take writes), and sends nothing meanwhile.
     const until = Date.now() + 15_000;
-    while (Date.now() < until && sentToDlq.length === 0) await new Promise((r) => setTimeout(r, 100));
+    while (Date.now() < until && sentToDlq.length === 0 && consumer.waitingFor() !== 'postgres')
+      await new Promise((r) => setTimeout(r, 100));
+    expect(consumer.waitingFor()).toBe('postgres');
+    await new Promise((r) => setTimeout(r, 2000));
     expect(sentToDlq).toEqual([]);
+    expect(consumer.waitingFor()).toBe('postgres');
   } finally {
     await consumer.stop();
   }

@@ -13,7 +13,7 @@ import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys } from '../../src/crypto/tenantKeys.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
-import { oneTopicOf, onTestBroker } from '../inbox/fixtures.js';
+import { oneTopicOf, onTestBroker } from './fixtures.js';
 import { switchableProvider } from '../support/keyProviders.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
