@@ -13,10 +13,10 @@ import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys } from '../../src/crypto/tenantKeys.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
-import { oneTopicOf, onTestBroker } from './fixtures.js';
 import { switchableProvider } from '../support/keyProviders.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
+import { oneTopicOf, onTestBroker } from './fixtures.js';
 
 let t: TestDatabase;
 let keyringPath: string;

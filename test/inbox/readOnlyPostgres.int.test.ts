@@ -9,8 +9,8 @@ import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
 import { createDb, type Db } from '../../src/db/database.js';
 import type { Publisher } from '../../src/kafka/publisher.js';
-import { oneTopicOf, onTestBroker } from './fixtures.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+import { oneTopicOf, onTestBroker } from './fixtures.js';
 
 let t: TestDatabase;
 let readOnly: Db;

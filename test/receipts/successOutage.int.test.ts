@@ -57,7 +57,9 @@ it('an effect that returned is recorded succeeded once Postgres answers again; n
     .where('task_id', '=', 'R-1')
     .executeTakeFirstOrThrow();
   // The worker knew the effect ran: the receipt says so.
-  expect.soft({ first, status: row.status }).toMatchObject({ first: { status: 'succeeded' }, status: 'succeeded' });
+  expect
+    .soft({ first, status: row.status })
+    .toMatchObject({ first: { status: 'succeeded' }, status: 'succeeded' });
 
   // What happens otherwise: past abandonAfterMs, the next look at it gates a known success.
   await new Promise((r) => setTimeout(r, 1200));

@@ -48,7 +48,9 @@ async function cairnWithTerminatedSession(args: string[], table: string) {
     const deadline = Date.now() + 60_000;
     let terminated = 0;
     let done = false;
-    void exited.then(() => { done = true; });
+    void exited.then(() => {
+      done = true;
+    });
     while (terminated === 0 && !done && Date.now() < deadline) {
       const r = await sql<{ n: number }>`
         SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity

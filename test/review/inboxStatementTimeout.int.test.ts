@@ -40,7 +40,8 @@ it('Postgres stalled for 15 s (statement timeouts) dead-letters nothing', async 
     void consumer.run();
     // Held for 15 s, or until the consumer has given a message up (what this test is about).
     const until = Date.now() + 15_000;
-    while (Date.now() < until && consumer.stats().deadLettered === 0) await new Promise((r) => setTimeout(r, 100));
+    while (Date.now() < until && consumer.stats().deadLettered === 0)
+      await new Promise((r) => setTimeout(r, 100));
     await sql`ROLLBACK`.execute(conn);
   });
   try {
