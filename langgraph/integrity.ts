@@ -1,7 +1,7 @@
 import { createHmac, timingSafeEqual } from 'node:crypto';
 import { canonicalBytes, sha256 } from '../src/canonical.js';
 import type { KeyRing } from '../src/checkpoints/signing.js';
-import { CairnError, CairnErrorCodes } from '../src/errors.js';
+import { CairnError, CairnErrorCodes, UnavailableError } from '../src/errors.js';
 
 /** Where a row lives: its tenant ('' for none), thread and namespace. Every digest binds them. */
 export interface ThreadScope {
@@ -142,7 +142,12 @@ export function signatureProblem(
   if (!ring) return undefined;
   if (!s.sig || !s.sigKey) return 'not signed but a key ring is configured';
   const key = ring.keys[s.sigKey];
-  if (!key) return `signed with key ${s.sigKey}, which is not in the key ring`;
+  // A key the ring does not hold (left out after a rotation): nothing can be concluded about
+  // the row, which may well be good; an outage of configuration, never taken for corruption.
+  if (!key)
+    throw new UnavailableError(
+      `signed with key ${s.sigKey}, which is not in the key ring (it has ${Object.keys(ring.keys).join(', ') || 'none'}): add the key to the ring`,
+    );
   const got = Buffer.from(s.sig, 'base64url');
   const want = mac(key, digest, keyId);
   return got.length === want.length && timingSafeEqual(got, want)

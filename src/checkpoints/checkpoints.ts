@@ -328,6 +328,15 @@ export function createCheckpointerWithTestHooks(
           cp.integrity.signature || !options.allowLegacyCheckpoints
             ? verifySignature(cp, ring)
             : { ok: true as const };
+        // Signed with a key this ring does not hold: an outage of configuration (invariant 13),
+        // never taken for forgery (resume would fall back past every such checkpoint and fail
+        // the task). Resume stops; put the key back in the ring.
+        if (!sig.ok && sig.unknownKey)
+          return {
+            ok: false,
+            reason: 'unavailable',
+            message: `${sig.message}: the signature cannot be checked now (not corruption); add the key to the ring`,
+          };
         if (!sig.ok) return invalid(sig.message);
         if (sha256(signedBytes(cp)) !== stored.digest)
           return invalid('checkpoint document does not match its recorded digest');

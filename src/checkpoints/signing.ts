@@ -41,12 +41,19 @@ export function verifyBytes(
   sig: Signature | undefined,
   ring: KeyRing | undefined,
   what: string,
-): { ok: true } | { ok: false; message: string } {
+): { ok: true } | { ok: false; message: string; unknownKey?: true } {
   if (!sig)
     return ring ? { ok: false, message: `${what} is not signed but a key ring is configured` } : { ok: true };
   if (!ring) return { ok: true };
   const key = ring.keys[sig.key_id];
-  if (!key) return { ok: false, message: `signature key ${sig.key_id} is not in the current key ring` };
+  // A key the ring does not hold (left out after a rotation, a secret store that did not give
+  // it): nothing can be concluded about the signature, which may well be good.
+  if (!key)
+    return {
+      ok: false,
+      unknownKey: true,
+      message: `signature key ${sig.key_id} is not in the current key ring (it has ${Object.keys(ring.keys).join(', ') || 'none'})`,
+    };
   const expected = createHmac('sha256', key).update(bytes).digest();
   const got = Buffer.from(String(sig.value), 'base64url');
   return got.length === expected.length && timingSafeEqual(got, expected)
@@ -67,6 +74,6 @@ export function sign(cp: Checkpoint, ring: KeyRing): NonNullable<Checkpoint['int
 export function verifySignature(
   cp: Checkpoint,
   ring: KeyRing | undefined,
-): { ok: true } | { ok: false; message: string } {
+): { ok: true } | { ok: false; message: string; unknownKey?: true } {
   return verifyBytes(signedBytes(cp), cp.integrity.signature, ring, 'checkpoint');
 }

@@ -10,8 +10,8 @@ import type { KeyRing } from '../../src/checkpoints/signing.js';
 import { UnavailableError } from '../../src/errors.js';
 import { resume } from '../../src/recovery/resume.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
-import { resumeOptions, seedPlannedTask } from '../checkpoints/fixtures.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+import { resumeOptions, seedPlannedTask } from './fixtures.js';
 
 let t: TestDatabase;
 beforeAll(async () => {
