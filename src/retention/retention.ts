@@ -304,8 +304,28 @@ export async function runRetentionWithTestHooks(
       try {
         const cert = await db.transaction().execute(async (trx) => {
           await sql`SET LOCAL cairn.retention = 'on'`.execute(trx);
-          const locked = due.map((c) => c.task_id);
-          await sql`SELECT 1 FROM task_state WHERE task_id = ANY(${locked}::text[]) FOR UPDATE`.execute(trx);
+          const chosen = due.map((c) => c.task_id);
+          // The batch was chosen before this transaction: under the lock, only the rows that are
+          // still the very documents chosen (terminal, same version and content) go. A task
+          // deleted meanwhile (another run), or deleted and created again under its id, is not
+          // this run's to delete or certify.
+          const now = await sql<{ task_id: string; version: number; doc: unknown }>`
+            SELECT s.task_id, s.version, s.doc FROM task_state s
+              JOIN task_status st ON st.status = s.status AND st.terminal
+             WHERE s.task_id = ANY(${chosen}::text[]) AND s.tenant_id = ${tenant}
+               FOR UPDATE OF s`.execute(trx);
+          const same = new Set(
+            now.rows
+              .filter((r) => {
+                const c = due.find((d) => d.task_id === r.task_id)!;
+                return (
+                  Number(r.version) === Number(c.version) &&
+                  sha256(canonicalBytes(r.doc)) === sha256(canonicalBytes(c.doc))
+                );
+              })
+              .map((r) => r.task_id),
+          );
+          const locked = chosen.filter((id) => same.has(id));
           // Looked again under the lock: a message enqueued since the batch was chosen defers its task.
           const late = new Set(
             (await unpublishedOf(tenant, locked).execute(trx)).rows.map(
@@ -316,7 +336,7 @@ export async function runRetentionWithTestHooks(
           const ids = locked.filter((id) => !late.has(id));
           if (ids.length === 0) return undefined;
           const tasks: DeletedTask[] = [];
-          for (const c of due) if (!late.has(c.task_id)) tasks.push(await describe(trx, tenant, c));
+          for (const c of due) if (ids.includes(c.task_id)) tasks.push(await describe(trx, tenant, c));
           const deleted = await deleteTasks(trx, tenant, ids);
           await hooks.afterDeletes?.(ids);
           const body = {
