@@ -363,6 +363,15 @@ export function createReceiptStoreWithTestHooks(
         else if (r.status === 'compensated' || r.status === 'gated')
           out.push({ ...entry, action: 'settled' });
         else {
+          // A caller that holds the task's lease (resume) settles receipts only while it still
+          // does: one paused past its lease must not mark, gate or compensate another
+          // holder's receipts (the gate's audit row would be refused after the receipt moved).
+          const fence = opts.gate?.lease;
+          if (fence && !(await holdsFence(db, fence))) {
+            throw new LeaseLostError(
+              `reconcile of task ${taskId}: lease token ${fence.fencingToken} is no longer current; receipt ${r.receipt_id} was left as it is`,
+            );
+          }
           if (r.status === 'started') {
             if (await ownerAlive(r.receipt_id)) {
               out.push({ ...entry, action: 'in_progress' });
@@ -391,6 +400,8 @@ export function createReceiptStoreWithTestHooks(
               },
               onUncertain: compensate ? 'compensate' : 'gate',
               ...(compensate ? { compensate } : {}),
+              // The compensation runs under the caller's lease: it does not start once lost.
+              ...(fence && 'leaseId' in fence ? { lease: fence as Lease } : {}),
               ...(opts.gate ? { gate: opts.gate } : {}),
             },
             { ...r, status: r.status === 'compensating' ? 'compensating' : 'uncertain' },
