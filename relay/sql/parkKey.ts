@@ -6,15 +6,22 @@ export async function parkKey(
   db: Executor,
   p: { tenant: string | null; topic: string; key: string; messageId: string; id: number; error: string },
 ): Promise<void> {
+  // Only while the row is still in the outbox (locked, so a concurrent `cairn outbox skip`
+  // either waits for the park and removes it, or has removed the row first): a relay that was
+  // frozen while it isolated a refused batch must not park a key, on waking, at a message an
+  // operator skipped or another relay delivered meanwhile. The UPDATE reads the locked row
+  // too, so the lock is taken before the row is updated (else it would skip the updated row).
   await sql`
-    WITH parked AS (
+    WITH row AS (
+      SELECT id FROM outbox WHERE id = ${p.id} FOR KEY SHARE
+    ), parked AS (
       INSERT INTO outbox_parked_key (tenant, topic, key, message_id, error)
-      VALUES (${p.tenant ?? ''}, ${p.topic}, ${p.key}, ${p.messageId}::uuid, ${p.error})
+      SELECT ${p.tenant ?? ''}, ${p.topic}, ${p.key}, ${p.messageId}::uuid, ${p.error} FROM row
       ON CONFLICT (tenant, topic, key) DO NOTHING
     )
     -- A row whose headers break the CHECK (written before it existed) cannot be updated at
     -- all: the park alone holds its key, and the error is on the parked key.
     UPDATE outbox SET attempts = attempts + 1, last_error = ${p.error}
-     WHERE id = ${p.id} AND cairn_headers_ok(headers)
+     WHERE id = (SELECT id FROM row) AND cairn_headers_ok(headers)
   `.execute(db);
 }

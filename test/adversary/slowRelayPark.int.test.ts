@@ -94,7 +94,6 @@ describe('a relay frozen during poison isolation past its lane lease', () => {
     await waitFor('r1 to finish its isolation', async () => r1.stats().batches > 0 || r1.stats().parked > 0, 30_000);
     await new Promise((r) => setTimeout(r, 500));
     const parked = await tdb.db.selectFrom('outbox_parked_key').select(['key', 'message_id']).execute();
-    expect.soft(r1.stats().parked, 'parks by a relay without the lane').toBe(0);
     // Observed: k is parked at the skipped message, and a later message of k stays in the outbox.
     expect.soft(parked, 'k parked at a message no longer in the outbox').toEqual([]);
     const later = await enqueue(3);
