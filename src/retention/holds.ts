@@ -65,6 +65,17 @@ export async function placeHold(
     await sql`SELECT pg_advisory_xact_lock(hashtext(${`cairn.hold:${tenant}:${h.taskId ?? ''}`}))`.execute(
       trx,
     );
+    // A retention batch holds this lock (shared) from before its deletes until it commits:
+    // the hold waits for it, and a task the batch deleted is then not found, rather than held
+    // in name while its rows are gone.
+    if (h.taskId !== undefined) {
+      const still = await trx
+        .selectFrom('task_state')
+        .select('task_id')
+        .where('task_id', '=', h.taskId)
+        .executeTakeFirst();
+      if (!still) throw new NotFoundError('task', h.taskId);
+    }
     let existing = trx
       .selectFrom('legal_hold')
       .selectAll()
