@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { databaseAddress, pingDatabase } from '../src/db/database.js';
-import { isConfigurationSqlError, mapSqlError } from '../src/db/sqlstate.js';
+import { isConfigurationSqlError, isConnectionLoss, mapSqlError } from '../src/db/sqlstate.js';
 import { CairnError, CairnErrorCodes, ConfigurationError } from '../src/errors.js';
 import { isKafkaConfigurationError, isPoisonError } from '../src/kafka/classifyError.js';
 import { silentLogger } from '../src/logger.js';
@@ -46,6 +46,13 @@ const DEFAULT_MAX_BATCH_BYTES = 1024 * 1024;
 
 /** A claim and the lane tokens it was made under (lane -> fencing token). */
 type FencedClaim = Claim & { fences: ReadonlyMap<number, number> };
+
+/** An error at start that is no outage: carried out of the wait, then thrown as it was. */
+class StartupRefused extends Error {
+  constructor(readonly refusal: unknown) {
+    super('refused at start');
+  }
+}
 
 class PublishFailed extends CairnError {
   constructor(cause: unknown) {
@@ -252,7 +259,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   /** Runs a start-up step until its dependency answers; stats.waitingFor says which one meanwhile. */
   function waitFor(
     dependency: Dependency,
-    o: { address: string; isConfigurationError(err: unknown): boolean },
+    o: { address: string; isConfigurationError(err: unknown): boolean; isFinal?(err: unknown): boolean },
     step: () => Promise<void>,
   ): Promise<'reached' | 'stopped'> {
     return untilReachable(step, {
@@ -267,14 +274,30 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   }
 
   async function loop(): Promise<void> {
-    const database = { address: databaseAddress(db), isConfigurationError: isConfigurationSqlError };
-    if ((await waitFor('postgres', database, () => pingDatabase(db))) === 'stopped') return;
-    await seedLanes(db).catch((err: unknown) => {
-      const mapped = mapSqlError(err); // an unmigrated database: "run cairn migrate"
-      if (!(mapped instanceof ConfigurationError)) throw mapped;
-      throw new ConfigurationError(`${database.address}: ${mapped.message}`, err);
+    const database = {
+      address: databaseAddress(db),
+      isConfigurationError: isConfigurationSqlError,
+      // Anything at start but an outage (the lanes or the slot refused): not waited for.
+      isFinal: (err: unknown) => err instanceof StartupRefused,
+    };
+    // The ping, the lanes and the WAL slot are one step: a session ended between them (a server
+    // restarting) is waited for like a refused ping, not a reason to die.
+    const ready = await waitFor('postgres', database, async () => {
+      await pingDatabase(db);
+      try {
+        await seedLanes(db);
+        await walMode?.prepare();
+      } catch (err) {
+        if (isConnectionLoss(err)) throw err;
+        const mapped = mapSqlError(err); // an unmigrated database: "run cairn migrate"
+        if (mapped instanceof ConfigurationError)
+          throw new ConfigurationError(`${database.address}: ${mapped.message}`, err);
+        throw new StartupRefused(mapped);
+      }
+    }).catch((err: unknown) => {
+      throw err instanceof StartupRefused ? err.refusal : err;
     });
-    await walMode?.prepare();
+    if (ready === 'stopped') return;
     if (options.wakeOnNotify) {
       await wakeup
         .listen(options.wakeOnNotify)

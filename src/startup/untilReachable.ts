@@ -11,6 +11,8 @@ export interface UntilReachableOptions {
   logger: Logger;
   /** Errors that waiting cannot fix: thrown at once as a ConfigurationError. */
   isConfigurationError(err: unknown): boolean;
+  /** Errors that are no outage of the dependency (a statement it refused): thrown as they are. */
+  isFinal?(err: unknown): boolean;
   /** Aborted by stop()/SIGTERM: the wait ends within moments with 'stopped'. */
   signal?: AbortSignal;
   /** true after the first failed attempt, false once an attempt succeeded (or the wait stopped). */
@@ -48,7 +50,7 @@ export async function untilReachable(
       const message = (err as Error)?.message ?? String(err);
       // Cairn's own errors that say waiting will not help (a topic that does not exist) already
       // name what is wrong and the fix: thrown as they are, code included.
-      if (err instanceof CairnError && !err.retriable) {
+      if ((err instanceof CairnError && !err.retriable) || o.isFinal?.(err)) {
         o.onWaiting?.(false);
         throw err;
       }

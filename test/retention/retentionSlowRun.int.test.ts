@@ -52,7 +52,10 @@ function pausedRun() {
 
 const certificatesFor = async (taskId: string) =>
   (
-    await sql<{ run_id: string; body: { tasks: Array<{ task_id: string; audit_rows: number }>; totals: { tasks: number } } }>`
+    await sql<{
+      run_id: string;
+      body: { tasks: Array<{ task_id: string; audit_rows: number }>; totals: { tasks: number } };
+    }>`
       SELECT run_id, body FROM deletion_certificate`.execute(t.db)
   ).rows.filter((c) => c.body.tasks.some((x) => x.task_id === taskId));
 
@@ -94,7 +97,11 @@ describe('retention: a run paused after choosing its batch', () => {
     const now = await store.get('reused-1');
     // Observed: the live task, its audit log and all, is deleted under a certificate for a cancelled task.
     expect(now?.status, 'the live task survives a late retention run').toBe('implementing');
-    const audit = await t.db.selectFrom('task_audit').select('version').where('task_id', '=', 'reused-1').execute();
+    const audit = await t.db
+      .selectFrom('task_audit')
+      .select('version')
+      .where('task_id', '=', 'reused-1')
+      .execute();
     expect(audit).toHaveLength(2);
   });
 });

@@ -16,7 +16,12 @@ import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask, planApproved } from '../state/fixtures.js';
 import { pausePoint } from '../support/pausePoint.js';
 import { slowPool } from '../support/slowPool.js';
-import { createTestDatabase, createTestTopic, kafkaBrokers, type TestDatabase } from '../support/testDatabase.js';
+import {
+  createTestDatabase,
+  createTestTopic,
+  kafkaBrokers,
+  type TestDatabase,
+} from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
 
 let a: TestDatabase;
@@ -43,8 +48,10 @@ describe('changelog replay run twice at once', () => {
     expect(r.ok).toBe(true);
     const relay = createRelay({ db: a.db, publisher: createKafkaPublisher({ brokers: kafkaBrokers() }) });
     const running = relay.run();
-    await waitFor("region A's outbox to be published", async () =>
-      (await sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox`.execute(a.db)).rows[0]!.n === 0,
+    await waitFor(
+      "region A's outbox to be published",
+      async () =>
+        (await sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox`.execute(a.db)).rows[0]!.n === 0,
     );
     await relay.stop();
     await running;

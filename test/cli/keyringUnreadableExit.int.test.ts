@@ -12,6 +12,7 @@ import { afterAll, beforeAll, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
+import { cairnBundle } from '../support/cli.js';
 import { createTestDatabase, kafkaBrokers, type TestDatabase } from '../support/testDatabase.js';
 
 const exec = promisify(execFile);
@@ -26,7 +27,7 @@ afterAll(async () => {
 
 it('checkpoint verify with an unreadable keyring exits 75 (nothing checked), not 1 (corrupt)', async () => {
   const missing = join(mkdtempSync(join(tmpdir(), 'cairn-review-')), 'not-mounted', 'keyring.json');
-  const r = await exec(process.execPath, ['--import', 'tsx', 'cli/main.ts', 'checkpoint', 'verify', 'K-1'], {
+  const r = await exec(process.execPath, [cairnBundle(), 'checkpoint', 'verify', 'K-1'], {
     cwd: repoRoot,
     env: {
       ...process.env,

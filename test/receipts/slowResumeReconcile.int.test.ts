@@ -130,7 +130,8 @@ describe('a resume paused past its lease, then reconciling receipts', () => {
     // The gate's audit row is refused by the fence, but the receipt was gated before it:
     // the receipt says "waiting for a human", the task's audit log does not.
     const gatedWithoutAudit =
-      (await receiptOf('slow-gate')).status === 'gated' && (await store.history('slow-gate')).length === before;
+      (await receiptOf('slow-gate')).status === 'gated' &&
+      (await store.history('slow-gate')).length === before;
     expect(gatedWithoutAudit, 'receipt gated by a non-holder, with no audit row').toBe(false);
   });
 });

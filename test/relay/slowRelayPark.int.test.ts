@@ -49,7 +49,9 @@ const enqueue = (n: number, bytes = 10) =>
     .transaction()
     .execute(
       async (t) =>
-        (await outbox.enqueue(t, [{ topic, key: 'k', payload: Buffer.from(`${n}:`.padEnd(bytes, 'x')) }]))[0]!,
+        (
+          await outbox.enqueue(t, [{ topic, key: 'k', payload: Buffer.from(`${n}:`.padEnd(bytes, 'x')) }])
+        )[0]!,
     );
 
 describe('a relay frozen during poison isolation past its lane lease', () => {
@@ -58,7 +60,12 @@ describe('a relay frozen during poison isolation past its lane lease', () => {
     const freeze = pausePoint();
     let frozen = false;
     const r1 = createRelayWithTestHooks(
-      { db: tdb.db, publisher: createKafkaPublisher({ brokers: kafkaBrokers() }), instanceId: 'r1', leaseTtlMs: 1000 },
+      {
+        db: tdb.db,
+        publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+        instanceId: 'r1',
+        leaseTtlMs: 1000,
+      },
       {
         beforeIsolatedPublish: async (id) => {
           if (id === poison && !frozen) {
@@ -77,7 +84,11 @@ describe('a relay frozen during poison isolation past its lane lease', () => {
       return rows[0]?.expired === true;
     });
     // The operator drops the poison message; r2 takes the lane and delivers the key's next one.
-    await skipMessage(tdb.db, { messageId: poison, actor: 'spiffe://acme.example/operators/ops', reason: 'too big, dropped' });
+    await skipMessage(tdb.db, {
+      messageId: poison,
+      actor: 'spiffe://acme.example/operators/ops',
+      reason: 'too big, dropped',
+    });
     const r2 = createRelay({
       db: tdb.db,
       publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
@@ -86,12 +97,17 @@ describe('a relay frozen during poison isolation past its lane lease', () => {
     });
     relays.push({ relay: r2, done: r2.run() });
     await enqueue(2);
-    await waitFor('r2 to deliver the next message of k', async () =>
-      (await tdb.db.selectFrom('outbox').select('id').execute()).length === 0,
+    await waitFor(
+      'r2 to deliver the next message of k',
+      async () => (await tdb.db.selectFrom('outbox').select('id').execute()).length === 0,
     );
     // r1 wakes and finishes its isolation.
     freeze.release();
-    await waitFor('r1 to finish its isolation', async () => r1.stats().batches > 0 || r1.stats().parked > 0, 30_000);
+    await waitFor(
+      'r1 to finish its isolation',
+      async () => r1.stats().batches > 0 || r1.stats().parked > 0,
+      30_000,
+    );
     await new Promise((r) => setTimeout(r, 500));
     const parked = await tdb.db.selectFrom('outbox_parked_key').select(['key', 'message_id']).execute();
     // Observed: k is parked at the skipped message, and a later message of k stays in the outbox.

@@ -8,6 +8,7 @@ import { afterAll, beforeAll, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
+import { cairnBundle } from '../support/cli.js';
 import {
   createTestDatabase,
   createTestTopic,
@@ -36,7 +37,7 @@ async function cairnWithTerminatedSession(args: string[], table: string) {
   const lock = await t.db.connection().execute(async (conn) => {
     await sql`BEGIN`.execute(conn);
     await sql`LOCK TABLE ${sql.table(table)} IN ACCESS EXCLUSIVE MODE`.execute(conn);
-    const child = spawn(process.execPath, ['--import', 'tsx', 'cli/main.ts', ...args], {
+    const child = spawn(process.execPath, [cairnBundle(), ...args], {
       cwd: repoRoot,
       env: { ...process.env, DATABASE_URL: t.url, KAFKA_BROKERS: kafkaBrokers().join(',') },
     });

@@ -30,7 +30,12 @@ describe('a legal hold placed while a retention batch deletes the task', () => {
   it('either the hold is refused (task gone) or the task is kept', async () => {
     const store = createTaskStore({ db: t.db });
     await store.create({ task: newTask('L1', { tenant_id: TENANT }), actor: AGENT });
-    const r = await store.update({ taskId: 'L1', expectedVersion: 1, patch: { status: 'cancelled' }, actor: AGENT });
+    const r = await store.update({
+      taskId: 'L1',
+      expectedVersion: 1,
+      patch: { status: 'cancelled' },
+      actor: AGENT,
+    });
     if (!r.ok) throw r.error;
 
     let hold: { created: boolean } | Error | undefined;
@@ -41,7 +46,9 @@ describe('a legal hold placed while a retention batch deletes the task', () => {
           // Another operator, on another connection, while the batch is uncommitted. Bounded:
           // a fix that makes the hold wait for the batch must not deadlock the test.
           hold = await Promise.race([
-            placeHold(t.db, { taskId: 'L1', reason: 'litigation 2026-301', actor: OPERATOR }).catch((e: Error) => e),
+            placeHold(t.db, { taskId: 'L1', reason: 'litigation 2026-301', actor: OPERATOR }).catch(
+              (e: Error) => e,
+            ),
             new Promise<Error>((res) => setTimeout(() => res(new Error('hold waits for the batch')), 1000)),
           ]);
         },
