@@ -1,0 +1,67 @@
+import { sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createRelay } from '../../relay/relay.js';
+import type { Db } from '../../src/db/database.js';
+import { createKafkaPublisher } from '../../src/kafka/publisher.js';
+import { laneOf } from '../../src/outbox/lanes.js';
+import { createOutbox } from '../../src/outbox/outbox.js';
+import { twoTenants } from '../support/tenants.js';
+import { createTestDatabase, createTestTopic, kafkaBrokers, type TestDatabase } from '../support/testDatabase.js';
+import { waitFor } from '../support/topicReader.js';
+
+/**
+ * The outbox's `topic` is any text a tenant's own INSERT gives it (no CHECK; the library
+ * validates topics at enqueue only). A topic the client refuses before asking the broker is
+ * not one of the refusals the relay parks a key for (src/kafka/classifyError.ts): kafkajs
+ * throws KafkaJSNonRetriableError('Invalid topic') for an empty one, so the relay fails the
+ * whole batch, retries it forever and every lane it owns stops.
+ */
+let tdb: TestDatabase;
+let topic: string;
+let app: Db;
+let asA: Db;
+let asB: Db;
+const outbox = createOutbox();
+
+beforeAll(async () => {
+  tdb = await createTestDatabase('adv3_bad_topic');
+  topic = await createTestTopic('adv3-bad-topic', 1);
+  ({ app, asA, asB } = await twoTenants(tdb, 2));
+});
+afterAll(async () => {
+  await app?.destroy();
+  await tdb?.drop();
+});
+
+describe("a tenant's own outbox row naming a topic no broker accepts", () => {
+  it.each([
+    ['empty', ''],
+    ['too long', 'x'.repeat(300)],
+    ['with a space', 'no such topic'],
+  ])("(%s) parks its own key only; another tenant's messages go on", async (_label, bad) => {
+    await sql`INSERT INTO outbox (lane, message_id, topic, key, payload)
+              VALUES (${laneOf('k')}, gen_random_uuid(), ${bad}, 'k', '\\x00')`.execute(asA);
+    await asB.transaction().execute((t) => outbox.enqueue(t, [{ topic, key: 'b1', payload: { n: 1 } }]));
+    const relay = createRelay({
+      db: tdb.db,
+      publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+      instanceId: 'r1',
+      publishRetries: 1,
+    });
+    const run = relay.run();
+    try {
+      await waitFor(
+        "tenant B's message to be published",
+        async () =>
+          (await tdb.db.selectFrom('outbox').select('id').where('tenant_id', '=', 'tenant-b').execute()).length === 0,
+        30_000,
+      );
+      expect(relay.stats().parked).toBe(1);
+    } finally {
+      await relay.stop();
+      await run.catch(() => {});
+      await tdb.db.deleteFrom('outbox').execute();
+      await tdb.db.deleteFrom('outbox_parked_key').execute();
+    }
+  });
+});
