@@ -65,6 +65,9 @@ export async function toMessages(
     // A key's string is built only once some key is parked (rarely): not once per message.
     if (parked.size > 0 && parked.has(keyOf(r))) continue;
     try {
+      // kafkajs refuses an empty topic itself ('Invalid topic', not a broker refusal): it
+      // would fail every batch it is in, for every lane. Only a tenant's own INSERT writes one.
+      if (r.topic === '') throw new BadRowError(r.message_id, 'its topic is empty');
       ready.push({
         row: r,
         message: { topic: r.topic, key: r.key, value: r.payload, headers: wireHeaders(r.headers, r) },
