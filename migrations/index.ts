@@ -13,6 +13,7 @@ import * as m0011 from './0011_inbox_owner_writes.js';
 import * as m0012 from './0012_outbox_safe_ids.js';
 import * as m0013 from './0013_inbox_tenant_key_partial.js';
 import * as m0014 from './0014_cas_batch.js';
+import * as m0015 from './0015_tenant_writes.js';
 
 /**
  * Every migration, in order. Imported statically (not read from the folder) so the same
@@ -34,6 +35,7 @@ export const migrations: Record<string, Migration> = {
   '0012_outbox_safe_ids': m0012,
   '0013_inbox_tenant_key_partial': m0013,
   '0014_cas_batch': m0014,
+  '0015_tenant_writes': m0015,
 };
 
 export const migrationProvider: MigrationProvider = {

@@ -28,12 +28,15 @@ async function cancelledTask(tenant: string, taskId: string) {
 }
 
 const exists = async (taskId: string) =>
-  (await t.db.selectFrom('task_state').select('task_id').where('task_id', '=', taskId).execute()).length === 1;
+  (await t.db.selectFrom('task_state').select('task_id').where('task_id', '=', taskId).execute()).length ===
+  1;
 
 function within<T>(ms: number, p: Promise<T>): Promise<T> {
   return Promise.race([
     p,
-    new Promise<T>((_, reject) => setTimeout(() => reject(new Error(`retention run still going after ${ms} ms`)), ms)),
+    new Promise<T>((_, reject) =>
+      setTimeout(() => reject(new Error(`retention run still going after ${ms} ms`)), ms),
+    ),
   ]);
 }
 
@@ -95,7 +98,8 @@ describe("one tenant's own rows and one retention run for every tenant", () => {
     });
     const holder = as[attacker]!.connection().execute(async (c) => {
       await sql`BEGIN`.execute(c);
-      if (!process.env.ADV3_CONTROL) await sql`SELECT 1 FROM task_state WHERE task_id = 'atk-2' FOR UPDATE`.execute(c);
+      if (!process.env.ADV3_CONTROL)
+        await sql`SELECT 1 FROM task_state WHERE task_id = 'atk-2' FOR UPDATE`.execute(c);
       locked();
       await ended;
       await sql`ROLLBACK`.execute(c);

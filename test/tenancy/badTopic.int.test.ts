@@ -6,7 +6,12 @@ import { createKafkaPublisher } from '../../src/kafka/publisher.js';
 import { laneOf } from '../../src/outbox/lanes.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { twoTenants } from '../support/tenants.js';
-import { createTestDatabase, createTestTopic, kafkaBrokers, type TestDatabase } from '../support/testDatabase.js';
+import {
+  createTestDatabase,
+  createTestTopic,
+  kafkaBrokers,
+  type TestDatabase,
+} from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
 
 /**
@@ -53,7 +58,8 @@ describe("a tenant's own outbox row naming a topic no broker accepts", () => {
       await waitFor(
         "tenant B's message to be published",
         async () =>
-          (await tdb.db.selectFrom('outbox').select('id').where('tenant_id', '=', 'tenant-b').execute()).length === 0,
+          (await tdb.db.selectFrom('outbox').select('id').where('tenant_id', '=', 'tenant-b').execute())
+            .length === 0,
         30_000,
       );
       expect(relay.stats().parked).toBe(1);

@@ -5,7 +5,12 @@ import { createKafkaPublisher } from '../../src/kafka/publisher.js';
 import { laneOf } from '../../src/outbox/lanes.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { twoTenants } from '../support/tenants.js';
-import { createTestDatabase, createTestTopic, kafkaBrokers, type TestDatabase } from '../support/testDatabase.js';
+import {
+  createTestDatabase,
+  createTestTopic,
+  kafkaBrokers,
+  type TestDatabase,
+} from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
 
 /**
@@ -28,12 +33,15 @@ afterAll(async () => {
 });
 
 describe("a tenant's own outbox row with a huge payload", () => {
-  it("does not stop the relay for another tenant's messages", async () => {
+  it("is refused at insert; another tenant's messages flow", async () => {
     const { app, asA, asB } = await twoTenants(tdb, 2);
-    // 300 MiB of one byte: stored compressed (tiny), sent to the relay as 600 MiB of hex.
-    await sql`INSERT INTO outbox (lane, message_id, topic, key, payload)
-              VALUES (${laneOf('big')}, gen_random_uuid(), ${topic}, 'big',
-                      decode(repeat('ab', 300 * 1024 * 1024), 'hex'))`.execute(asA);
+    // Before migration 0015, 300 MiB of one byte (stored compressed, tiny) reached the relay as
+    // 600 MiB of hex and its claim never settled. Now anything over 64 MiB is refused at insert.
+    await expect(
+      sql`INSERT INTO outbox (lane, message_id, topic, key, payload)
+          VALUES (${laneOf('big')}, gen_random_uuid(), ${topic}, 'big',
+                  decode(repeat('ab', 64 * 1024 * 1024 + 1), 'hex'))`.execute(asA),
+    ).rejects.toThrow(/outbox_payload_size/);
     await asB.transaction().execute((t) => outbox.enqueue(t, [{ topic, key: 'b1', payload: { n: 1 } }]));
     const relay = createRelay({
       db: tdb.db,
@@ -45,7 +53,8 @@ describe("a tenant's own outbox row with a huge payload", () => {
       await waitFor(
         "tenant B's message to be published",
         async () =>
-          (await tdb.db.selectFrom('outbox').select('id').where('tenant_id', '=', 'tenant-b').execute()).length === 0,
+          (await tdb.db.selectFrom('outbox').select('id').where('tenant_id', '=', 'tenant-b').execute())
+            .length === 0,
         30_000,
       );
       expect(relay.stats().published).toBeGreaterThanOrEqual(1);
