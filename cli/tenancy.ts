@@ -207,8 +207,10 @@ export async function retentionCommand(argv: string[]): Promise<number> {
             `run ${r.runId}, ${r.certificates.length} certificate(s)`,
         );
         for (const [k, v] of Object.entries(r.totals)) console.log(`  ${k.padEnd(12)} ${v}`);
+        for (const f of r.failed) console.error(`tenant ${f.tenantId}: not done: ${f.error}`);
       }
-      return 0;
+      // Another tenant's part of the run did not stop at this one's failure; the run is not done.
+      return r.failed.length > 0 ? 1 : 0;
     }
     if (sub === 'certificates') {
       let q = db.selectFrom('deletion_certificate').selectAll().orderBy('issued_at');

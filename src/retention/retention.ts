@@ -4,11 +4,12 @@ import { z } from 'zod';
 import { canonicalBytes, sha256 } from '../canonical.js';
 import type { Db } from '../db/database.js';
 import type { Trx } from '../db/executor.js';
-import { SqlState, sqlState } from '../db/sqlstate.js';
+import { isConnectionLoss, SqlState, sqlState } from '../db/sqlstate.js';
 import { assertTenantKnown } from '../db/tenant.js';
 import type { DataClass } from '../db/types.js';
-import { ValidationError } from '../errors.js';
+import { messageOf, ValidationError } from '../errors.js';
 import { opt, optionsSchema, parseOptions } from '../options.js';
+import { deleteTasks, describe } from './deleteTasks.js';
 
 export const DATA_CLASSES: readonly DataClass[] = ['public', 'internal', 'confidential'];
 
@@ -94,6 +95,12 @@ export interface RetentionRun {
    * relay is down, or the key is parked): a later run deletes them once it has.
    */
   deferred: string[];
+  /**
+   * Tenants whose part of the run failed (what the database refused, and why): the run goes on
+   * with the next tenant, so one tenant's rows cannot keep another's expired data. An outage
+   * of Postgres stops the whole run (thrown).
+   */
+  failed: Array<{ tenantId: string; error: string }>;
   /** Would be (dry run) or were deleted. */
   tasks: string[];
   totals: Record<string, number>;
@@ -130,7 +137,7 @@ const RetentionOptionsSchema = optionsSchema<RetentionOptions>()(
   }),
 );
 
-interface Candidate {
+export interface Candidate {
   task_id: string;
   status: string;
   version: number;
@@ -169,72 +176,6 @@ async function expired(db: Db | Trx, tenant: string, limit: number, exclude: str
   return r.rows;
 }
 
-/** Counts and digests of everything a task holds, read inside the batch's transaction. */
-async function describe(trx: Trx, tenant: string, c: Candidate): Promise<DeletedTask> {
-  const id = c.task_id;
-  const audit = await trx
-    .selectFrom('task_audit')
-    .select(['version', 'actor', 'reason', 'patch', 'at'])
-    .where('task_id', '=', id)
-    .orderBy('version')
-    .execute();
-  const checkpoints = await trx
-    .selectFrom('checkpoint')
-    .select('digest')
-    .where('task_id', '=', id)
-    .orderBy('seq')
-    .execute();
-  const receipts = await trx
-    .selectFrom('tool_receipt')
-    .select('result_digest')
-    .where('task_id', '=', id)
-    .orderBy('started_at')
-    .execute();
-  const n = await sql<{
-    snapshots: number;
-    outbox: number;
-    inbox: number;
-    leases: number;
-    annotations: number;
-  }>`
-    SELECT (SELECT count(*) FROM checkpoint_snapshot WHERE task_id = ${id})::int AS snapshots,
-           (SELECT count(*) FROM outbox WHERE key = ${id} AND (tenant_id = ${tenant} OR tenant_id IS NULL))::int AS outbox,
-           (SELECT count(*) FROM inbox WHERE key = ${id} AND tenant_id = ${tenant})::int AS inbox,
-           (SELECT count(*) FROM task_lease WHERE task_id = ${id})::int AS leases,
-           (SELECT count(*) FROM task_annotation WHERE task_id = ${id})::int AS annotations`.execute(trx);
-  return {
-    task_id: id,
-    status: c.status,
-    version: Number(c.version),
-    data_class: c.data_class,
-    state_digest: sha256(canonicalBytes(c.doc)),
-    audit_rows: audit.length,
-    audit_digest: sha256(canonicalBytes(audit.map((a) => ({ ...a, at: a.at.toISOString() })))),
-    checkpoint_digests: checkpoints.map((x) => x.digest),
-    receipts: receipts.length,
-    receipt_result_digests: receipts.flatMap((x) => (x.result_digest ? [x.result_digest] : [])),
-    ...n.rows[0]!,
-  };
-}
-
-async function deleteTasks(trx: Trx, tenant: string, ids: string[]): Promise<Record<string, number>> {
-  const del = async (table: string, where: ReturnType<typeof sql>) =>
-    Number((await sql`DELETE FROM ${sql.table(table)} WHERE ${where}`.execute(trx)).numAffectedRows ?? 0);
-  const byTask = sql`task_id = ANY(${ids}::text[])`;
-  return {
-    inbox: await del('inbox', sql`key = ANY(${ids}::text[]) AND tenant_id = ${tenant}`),
-    // Never a message that has not reached the broker: such tasks were deferred (above).
-    outbox: 0,
-    receipts: await del('tool_receipt', byTask),
-    leases: await del('task_lease', byTask),
-    checkpoints: await del('checkpoint', byTask),
-    snapshots: await del('checkpoint_snapshot', byTask),
-    annotations: await del('task_annotation', byTask),
-    audit_rows: await del('task_audit', byTask),
-    tasks: await del('task_state', byTask),
-  };
-}
-
 /**
  * Deletes expired tasks with everything they hold (audit rows, checkpoints and snapshots,
  * receipts, leases, annotations, outbox and inbox rows), a batch per transaction, and
@@ -270,6 +211,7 @@ export async function runRetentionWithTestHooks(
     certificates: [],
     held: [],
     deferred: [],
+    failed: [],
     tasks: [],
     totals: {},
   };
@@ -278,6 +220,16 @@ export async function runRetentionWithTestHooks(
   };
 
   for (const tenant of tenants) {
+    try {
+      await retainTenant(tenant);
+    } catch (err) {
+      if (isConnectionLoss(err)) throw err;
+      run.failed.push({ tenantId: tenant, error: messageOf(err) });
+    }
+  }
+  return run;
+
+  async function retainTenant(tenant: string): Promise<void> {
     const policy = Object.fromEntries(
       (
         await db
@@ -304,6 +256,9 @@ export async function runRetentionWithTestHooks(
       try {
         const cert = await db.transaction().execute(async (trx) => {
           await sql`SET LOCAL cairn.retention = 'on'`.execute(trx);
+          // A row another transaction holds (a tenant's own lock on its task, lease or receipt)
+          // is not waited for: the task is skipped (SKIP LOCKED), or the batch deferred (55P03).
+          await sql`SET LOCAL lock_timeout = '2s'`.execute(trx);
           const chosen = due.map((c) => c.task_id);
           // The batch was chosen before this transaction: under the lock, only the rows that are
           // still the very documents chosen (terminal, same version and content) go. A task
@@ -313,7 +268,7 @@ export async function runRetentionWithTestHooks(
             SELECT s.task_id, s.version, s.doc FROM task_state s
               JOIN task_status st ON st.status = s.status AND st.terminal
              WHERE s.task_id = ANY(${chosen}::text[]) AND s.tenant_id = ${tenant}
-               FOR UPDATE OF s`.execute(trx);
+               FOR UPDATE OF s SKIP LOCKED`.execute(trx);
           const same = new Set(
             now.rows
               .filter((r) => {
@@ -377,6 +332,11 @@ export async function runRetentionWithTestHooks(
         run.tasks.push(...cert.body.tasks.map((t) => t.task_id));
         add(cert.body.totals);
       } catch (err) {
+        // A row of the batch stayed locked: the batch rolled back whole, for a later run.
+        if (sqlState(err) === SqlState.lockNotAvailable) {
+          run.deferred.push(...due.map((c) => c.task_id));
+          continue;
+        }
         // A hold placed after the batch was chosen: the database refused, the batch rolled
         // back whole; the next pass no longer picks the held task.
         if (sqlState(err) !== SqlState.legalHold) throw err;
@@ -384,7 +344,6 @@ export async function runRetentionWithTestHooks(
       }
     }
   }
-  return run;
 }
 
 /** Recomputes a stored certificate's digest: true when its body is what was issued. */
