@@ -14,6 +14,7 @@ import * as m0012 from './0012_outbox_safe_ids.js';
 import * as m0013 from './0013_inbox_tenant_key_partial.js';
 import * as m0014 from './0014_cas_batch.js';
 import * as m0015 from './0015_tenant_writes.js';
+import * as m0016 from './0016_lease_tokens.js';
 
 /**
  * Every migration, in order. Imported statically (not read from the folder) so the same
@@ -36,6 +37,7 @@ export const migrations: Record<string, Migration> = {
   '0013_inbox_tenant_key_partial': m0013,
   '0014_cas_batch': m0014,
   '0015_tenant_writes': m0015,
+  '0016_lease_tokens': m0016,
 };
 
 export const migrationProvider: MigrationProvider = {

@@ -47,12 +47,8 @@ const DEFAULT_MAX_BATCH_BYTES = 1024 * 1024;
 /** A claim and the lane tokens it was made under (lane -> fencing token). */
 type FencedClaim = Claim & { fences: ReadonlyMap<number, number> };
 
-/** An error at start that is no outage: carried out of the wait, then thrown as it was. */
-class StartupRefused extends Error {
-  constructor(readonly refusal: unknown) {
-    super('refused at start');
-  }
-}
+/** Errors at start that are no outage (the lanes or the slot refused): they end the wait. */
+const refusedAtStart = new WeakSet<object>();
 
 class PublishFailed extends CairnError {
   constructor(cause: unknown) {
@@ -278,7 +274,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       address: databaseAddress(db),
       isConfigurationError: isConfigurationSqlError,
       // Anything at start but an outage (the lanes or the slot refused): not waited for.
-      isFinal: (err: unknown) => err instanceof StartupRefused,
+      isFinal: (err: unknown) => typeof err === 'object' && err !== null && refusedAtStart.has(err),
     };
     // The ping, the lanes and the WAL slot are one step: a session ended between them (a server
     // restarting) is waited for like a refused ping, not a reason to die.
@@ -292,10 +288,9 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
         const mapped = mapSqlError(err); // an unmigrated database: "run cairn migrate"
         if (mapped instanceof ConfigurationError)
           throw new ConfigurationError(`${database.address}: ${mapped.message}`, err);
-        throw new StartupRefused(mapped);
+        if (typeof mapped === 'object' && mapped !== null) refusedAtStart.add(mapped);
+        throw mapped;
       }
-    }).catch((err: unknown) => {
-      throw err instanceof StartupRefused ? err.refusal : err;
     });
     if (ready === 'stopped') return;
     if (options.wakeOnNotify) {

@@ -242,7 +242,7 @@ export async function pingWritable(db: Db): Promise<void> {
     db,
   );
   if (rows[0]?.ro !== 'off')
-    throw new Error('the server is read-only (a standby, or default_transaction_read_only)');
+    throw new UnavailableError('the server is read-only (a standby, or default_transaction_read_only)');
 }
 
 export function redact(url: string): string {
