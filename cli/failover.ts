@@ -6,7 +6,7 @@ import { holdDiverged } from '../src/recovery/failoverHold.js';
 import { replayChangelog } from '../src/recovery/replayChangelog.js';
 import { CHANGELOG_TOPIC } from '../src/state/changelog.js';
 import { checkpointKeysFromEnv } from './checkpointKeys.js';
-import { printResult, UsageError } from './output.js';
+import { line, printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
 const usage = `usage:
@@ -101,26 +101,28 @@ export async function failoverCommand(argv: string[]): Promise<number> {
     else {
       for (const l of r.lostTransitions)
         console.log(
-          `lost transition: ${l.taskId} is at version ${l.storedVersion ?? '(missing)'}, ${l.topic} carries version ${l.seenVersion} (${l.messageId})`,
+          line`lost transition: ${l.taskId} is at version ${l.storedVersion ?? '(missing)'}, ${l.topic} carries version ${l.seenVersion} (${l.messageId})`,
         );
       for (const u of r.unmirroredMessages)
         console.log(
-          `not mirrored: ${u.taskId} at version ${u.version} sent ${u.messageId}, on neither the mirror nor an inbox`,
+          line`not mirrored: ${u.taskId} at version ${u.version} sent ${u.messageId}, on neither the mirror nor an inbox`,
         );
       for (const c of r.lostConsumptions)
         console.log(
-          `lost consumption: ${c.groupId} committed past ${c.topic}/${c.partition}@${c.offset} (${c.taskId})`,
+          line`lost consumption: ${c.groupId} committed past ${c.topic}/${c.partition}@${c.offset} (${c.taskId})`,
         );
       for (const g of r.groupsNotJudged)
         console.log(
-          `not judged: ${g.groupId} on ${g.topic} partition(s) ${g.partitions.join(',')}: no translated offset here (MirrorMaker never checkpointed the group to this cluster); what it consumed there is unknown`,
+          line`not judged: ${g.groupId} on ${g.topic} partition(s) ${g.partitions.join(',')}: no translated offset here (MirrorMaker never checkpointed the group to this cluster); what it consumed there is unknown`,
         );
       for (const m of r.movedDuringCheck)
         console.log(
-          `moved during the check: ${m.topic}/${m.partition} ${m.groupId ? `${m.groupId}'s committed offset` : 'end offset'} ${m.before} -> ${m.after}; stop MirrorMaker (and this region's relay and consumers) and run the check again`,
+          line`moved during the check: ${m.topic}/${m.partition} ${m.groupId ? `${m.groupId}'s committed offset` : 'end offset'} ${m.before} -> ${m.after}; stop MirrorMaker (and this region's relay and consumers) and run the check again`,
         );
       if (hold.keptReleased.length > 0)
-        console.log(`left released (nothing new found since the release): ${hold.keptReleased.join(', ')}`);
+        console.log(
+          line`left released (nothing new found since the release): ${hold.keptReleased.join(', ')}`,
+        );
       if (incomplete) console.log('the check is incomplete: do not read it as nothing lost');
       console.log(
         r.divergedTasks.length === 0
@@ -162,12 +164,12 @@ async function replayCommand(values: {
         })
       : 0;
     printResult(values.json, { ...r, quarantined: held }, () => {
-      for (const t of r.rebuilt) console.log(`rebuilt: ${t.taskId} (${t.tenantId}) ${t.from} -> ${t.to}`);
+      for (const t of r.rebuilt) console.log(line`rebuilt: ${t.taskId} (${t.tenantId}) ${t.from} -> ${t.to}`);
       for (const t of r.incomplete)
-        console.log(`not rebuilt: ${t.taskId} (${t.tenantId}) at ${t.from}: ${t.reason}`);
-      for (const x of r.refused) console.log(`refused record ${x.at}: ${x.reason}`);
+        console.log(line`not rebuilt: ${t.taskId} (${t.tenantId}) at ${t.from}: ${t.reason}`);
+      for (const x of r.refused) console.log(line`refused record ${x.at}: ${x.reason}`);
       console.log(
-        `${r.rebuilt.length} task(s) rebuilt, ${r.upToDate} up to date, ${r.restoredInboxRows} inbox row(s) and ` +
+        line`${r.rebuilt.length} task(s) rebuilt, ${r.upToDate} up to date, ${r.restoredInboxRows} inbox row(s) and ` +
           `${r.restoredReceipts} receipt(s) restored; ${r.incomplete.length} not rebuilt` +
           (r.incomplete.length ? (values.hold ? ` (quarantined ${held})` : ' (hold them: --hold)') : ''),
       );

@@ -10,7 +10,7 @@ import { pruneInbox } from '../consumers/sql/pruneInbox.js';
 import { kafkaBrokersFromEnv } from '../src/env.js';
 import { createKafkaPublisher } from '../src/kafka/publisher.js';
 import { exitTwoOnBadInput, operatorInput } from './operatorInput.js';
-import { printResult, UsageError } from './output.js';
+import { line, printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
 const usage = `usage:
@@ -59,7 +59,7 @@ export function inboxCommand(argv: string[]): Promise<number> {
           if (rows.length === 0) console.log('no dead letters');
           for (const r of rows) {
             console.log(
-              `${r.consumer_group}\t${r.message_id}\t${r.topic}/${r.partition}@${r.offset}\t${r.attempts} attempts\t` +
+              line`${r.consumer_group}\t${r.message_id}\t${r.topic}/${r.partition}@${r.offset}\t${r.attempts} attempts\t` +
                 `${r.replayed_at ? `replayed ${r.replayed_at.toISOString()}` : `dead since ${r.dead_at.toISOString()}`}\t${r.error}`,
             );
           }
@@ -79,7 +79,7 @@ export function inboxCommand(argv: string[]): Promise<number> {
           ...(a.tenant !== undefined ? { tenantId: a.tenant } : {}),
         });
         printResult(a.json, { replayed: r }, () =>
-          console.log(`replayed ${r.message_id} to ${r.topic} for group ${r.consumer_group}`),
+          console.log(line`replayed ${r.message_id} to ${r.topic} for group ${r.consumer_group}`),
         );
         return 0;
       });
@@ -90,7 +90,7 @@ export function inboxCommand(argv: string[]): Promise<number> {
       return withDb(async (db) => {
         const removed = await pruneInbox(db, { olderThanMs: hours * 3600_000 });
         printResult(a.json, { pruned: removed, older_than_hours: hours }, () =>
-          console.log(`pruned ${removed} inbox row(s) older than ${hours} h`),
+          console.log(line`pruned ${removed} inbox row(s) older than ${hours} h`),
         );
         return 0;
       });

@@ -3,7 +3,7 @@ import { NotFoundError } from '../src/errors.js';
 import { ExitCode } from '../src/exitCodes.js';
 import { createTaskStore } from '../src/state/taskStore.js';
 import { checkpointerFromEnv } from './checkpointKeys.js';
-import { UsageError } from './output.js';
+import { line, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
 /** `cairn task show <id>` (state and a readable timeline) and `cairn task history <id>` (the audit rows). */
@@ -28,20 +28,22 @@ export async function taskCommand(argv: string[]): Promise<number> {
     }
     if (sub === 'show') {
       const gates = Object.entries(state.gates).map(([g, v]) => `${v ? '+' : '-'}${g}`);
-      console.log(`${state.task_id} (tenant ${state.tenant_id}) v${state.version} ${state.status}`);
-      console.log(`gates: ${gates.join(' ')}`);
+      console.log(line`${state.task_id} (tenant ${state.tenant_id}) v${state.version} ${state.status}`);
+      console.log(line`gates: ${gates.join(' ')}`);
       console.log(
-        `budget: ${state.budget.currency_spent_usd}/${state.budget.currency_committed_usd} USD, ${state.budget.tokens_spent} tokens, ${state.budget.hops_used} hops`,
+        line`budget: ${state.budget.currency_spent_usd}/${state.budget.currency_committed_usd} USD, ${state.budget.tokens_spent} tokens, ${state.budget.hops_used} hops`,
       );
       console.log(
-        `agents: active ${state.active_agents.join(', ') || '-'}; done ${state.completed_agents.join(', ') || '-'}`,
+        line`agents: active ${state.active_agents.join(', ') || '-'}; done ${state.completed_agents.join(', ') || '-'}`,
       );
     }
     for (const h of history) {
       const ops = (h.patch as Array<{ op: string; path: string }>)
         .filter((p) => !['/version', '/updated_at', '/updated_by'].includes(p.path))
         .map((p) => `${p.op} ${p.path}`);
-      console.log(`v${h.version}  ${h.at.toISOString()}  ${h.actor}  ${h.reason ?? ''}  [${ops.join(', ')}]`);
+      console.log(
+        line`v${h.version}  ${h.at.toISOString()}  ${h.actor}  ${h.reason ?? ''}  [${ops.join(', ')}]`,
+      );
     }
     return 0;
   });
@@ -89,7 +91,7 @@ export async function checkpointCommand(argv: string[]): Promise<number> {
     }
     if (values.json) console.log(JSON.stringify(rows, null, 2));
     else {
-      if (rows.length === 0) console.log(`no checkpoints for task ${taskId}`);
+      if (rows.length === 0) console.log(line`no checkpoints for task ${taskId}`);
       for (const r of rows) {
         // Without the key ring only digests and chain are checked, which whoever can write the
         // table can recompute: never say "ok" for that.
@@ -104,7 +106,7 @@ export async function checkpointCommand(argv: string[]): Promise<number> {
                 ? `UNAVAILABLE, not checked (${r.problem}) `
                 : `CORRUPT (${r.problem}) `;
         console.log(
-          `#${r.seq}  ${status}${r.checkpoint_id}  v${r.state_version}  ${r.created_at}  ${r.reason}`,
+          line`#${r.seq}  ${status}${r.checkpoint_id}  v${r.state_version}  ${r.created_at}  ${r.reason}`,
         );
       }
     }

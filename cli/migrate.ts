@@ -1,7 +1,7 @@
 import { parseArgs } from 'node:util';
 import { migrateToLatest, migrationStatus } from '../src/db/migrate.js';
 import { schemaOf } from '../src/db/tenant.js';
-import { printResult } from './output.js';
+import { line, printResult } from './output.js';
 import { withDb } from './withDb.js';
 
 export async function migrateCommand(argv: string[]): Promise<number> {
@@ -15,7 +15,7 @@ export async function migrateCommand(argv: string[]): Promise<number> {
       printResult(values.json, migrations, () => {
         for (const m of migrations) {
           console.log(
-            `${m.executedAt ? 'applied ' : 'pending '} ${m.name}${m.executedAt ? `  (${m.executedAt.toISOString()})` : ''}`,
+            line`${m.executedAt ? 'applied ' : 'pending '} ${m.name}${m.executedAt ? `  (${m.executedAt.toISOString()})` : ''}`,
           );
         }
       });
@@ -24,8 +24,8 @@ export async function migrateCommand(argv: string[]): Promise<number> {
     const ran = await migrateToLatest(db);
     const schema = schemaOf(db);
     printResult(values.json, { schema, ran }, () => {
-      if (ran.length === 0) console.log(`schema ${schema} is up to date; no migration ran`);
-      for (const name of ran) console.log(`ran ${name} (schema ${schema})`);
+      if (ran.length === 0) console.log(line`schema ${schema} is up to date; no migration ran`);
+      for (const name of ran) console.log(line`ran ${name} (schema ${schema})`);
     });
     return 0;
   });

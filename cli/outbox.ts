@@ -12,7 +12,7 @@ import {
 import { listPlantedRows, outboxStatus } from '../src/outbox/status.js';
 import { SpiffeId } from '../src/schemas/taskState.js';
 import { defaultOperator, exitTwoOnBadInput, operatorInput } from './operatorInput.js';
-import { printResult, UsageError } from './output.js';
+import { line, printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
 const usage = `usage:
@@ -52,17 +52,17 @@ export function outboxCommand(argv: string[]): Promise<number> {
         const planted = s.planted_rows ? await listPlantedRows(db, 20) : [];
         printResult(a.json, s, () => {
           console.log(
-            `backlog ${s.backlog} message(s), oldest ${s.oldest_unpublished_seconds ?? '-'} s; parked keys ${s.parked_keys}; relays seen in the last 30 s ${s.relays_alive}`,
+            line`backlog ${s.backlog} message(s), oldest ${s.oldest_unpublished_seconds ?? '-'} s; parked keys ${s.parked_keys}; relays seen in the last 30 s ${s.relays_alive}`,
           );
           for (const l of s.lanes)
-            console.log(`  ${l.owner}: ${l.lanes} lane(s), fencing tokens ${l.fencing_tokens}`);
+            console.log(line`  ${l.owner}: ${l.lanes} lane(s), fencing tokens ${l.fencing_tokens}`);
           if (s.planted_rows) {
             console.log(
-              `${s.planted_rows} row(s) the library never writes (a lane past 31, an id past 2^53 or ahead of the id sequence), planted before migration 0012; remove each with:`,
+              line`${s.planted_rows} row(s) the library never writes (a lane past 31, an id past 2^53 or ahead of the id sequence), planted before migration 0012; remove each with:`,
             );
             for (const r of planted)
               console.log(
-                `  cairn outbox skip ${r.message_id}${r.tenant_id ? ` --tenant ${r.tenant_id}` : ''} --reason 'planted before 0012'`,
+                line`  cairn outbox skip ${r.message_id}${r.tenant_id ? ` --tenant ${r.tenant_id}` : ''} --reason 'planted before 0012'`,
               );
           }
         });
@@ -77,7 +77,7 @@ export function outboxCommand(argv: string[]): Promise<number> {
           if (rows.length === 0) console.log('no parked keys');
           for (const r of rows) {
             console.log(
-              `${r.tenant ? `${r.tenant}:` : ''}${r.topic}\t${r.key}\thead ${r.message_id}\t${r.waiting} waiting\tsince ${r.parked_at.toISOString()}\t${r.error}`,
+              line`${r.tenant ? `${r.tenant}:` : ''}${r.topic}\t${r.key}\thead ${r.message_id}\t${r.waiting} waiting\tsince ${r.parked_at.toISOString()}\t${r.error}`,
             );
           }
         });
@@ -93,7 +93,7 @@ export function outboxCommand(argv: string[]): Promise<number> {
         const { json: _, ...release } = a;
         await releaseKey(db, release);
         printResult(a.json, { released: { topic: a.topic, key: a.key, tenant: a.tenant ?? null } }, () =>
-          console.log(`released ${a.topic}/${a.key}`),
+          console.log(line`released ${a.topic}/${a.key}`),
         );
         return 0;
       });
@@ -110,7 +110,7 @@ export function outboxCommand(argv: string[]): Promise<number> {
           actor: a.actor,
           reason: a.reason,
         });
-        printResult(a.json, { skipped: a.message_id }, () => console.log(`skipped ${a.message_id}`));
+        printResult(a.json, { skipped: a.message_id }, () => console.log(line`skipped ${a.message_id}`));
         return 0;
       });
     }

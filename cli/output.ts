@@ -49,3 +49,26 @@ export function reportError(err: unknown, json: boolean, program = 'cairn'): num
   else process.stderr.write(`${program}: ${d.code === 'unexpected' ? '' : `[${d.code}] `}${d.message}\n`);
   return cliExitCode(err);
 }
+
+/**
+ * A control character (C0, C1, DEL, the Unicode line separators) in a value as an escape
+ * (`\n`, `\u001b`): strings a tenant wrote with its own SQL (an audit reason, an outbox key)
+ * would otherwise reach the operator's terminal as escape sequences (erase a line, write the
+ * clipboard) or as newlines and tabs that forge another row of a listing.
+ */
+export function printable(value: unknown): string {
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: finding control characters is the point
+  return String(value).replace(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g, (c) => {
+    if (c === '\n') return '\\n';
+    if (c === '\t') return '\\t';
+    if (c === '\r') return '\\r';
+    return `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`;
+  });
+}
+
+/** A template tag for readable output: every value it interpolates goes through printable(). */
+export function line(strings: TemplateStringsArray, ...values: unknown[]): string {
+  let out = strings[0] ?? '';
+  for (let i = 0; i < values.length; i++) out += printable(values[i]) + (strings[i + 1] ?? '');
+  return out;
+}

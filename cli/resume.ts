@@ -6,7 +6,7 @@ import { createReceiptStore } from '../src/receipts/receipts.js';
 import { parsePolicy, resume } from '../src/recovery/resume.js';
 import { createTaskStore } from '../src/state/taskStore.js';
 import { checkpointerFromEnv } from './checkpointKeys.js';
-import { UsageError } from './output.js';
+import { line, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
 function readJson(flag: string, path: string | undefined): unknown {
@@ -68,19 +68,19 @@ export async function resumeCommand(argv: string[]): Promise<number> {
     if (values.json) console.log(JSON.stringify(plan, null, 2));
     else {
       console.log(
-        `${plan.taskId}: ${plan.outcome} from checkpoint ${plan.checkpointId ?? '(none)'} at v${plan.state.version} ${plan.state.status}`,
+        line`${plan.taskId}: ${plan.outcome} from checkpoint ${plan.checkpointId ?? '(none)'} at v${plan.state.version} ${plan.state.status}`,
       );
       for (const s of plan.skipped)
-        console.log(`  skipped corrupt checkpoint ${s.checkpointId}: ${s.reason}`);
+        console.log(line`  skipped corrupt checkpoint ${s.checkpointId}: ${s.reason}`);
       if (plan.budget)
         console.log(
-          `  budget committed ${plan.budget.committedBefore} -> ${plan.budget.committedAfter} USD (limit ${plan.budget.limit}, ${plan.policyVersion})`,
+          line`  budget committed ${plan.budget.committedBefore} -> ${plan.budget.committedAfter} USD (limit ${plan.budget.limit}, ${plan.policyVersion})`,
         );
       for (const r of plan.receipts)
-        console.log(`  receipt ${r.receiptId} ${r.tool} at ${r.step}: ${r.action}`);
-      for (const m of plan.pendingMessages) console.log(`  message ${m.messageId}: ${m.state}`);
+        console.log(line`  receipt ${r.receiptId} ${r.tool} at ${r.step}: ${r.action}`);
+      for (const m of plan.pendingMessages) console.log(line`  message ${m.messageId}: ${m.state}`);
       if (plan.lease)
-        console.log(`  lease held by ${plan.lease.agentId}, fencing token ${plan.lease.fencingToken}`);
+        console.log(line`  lease held by ${plan.lease.agentId}, fencing token ${plan.lease.fencingToken}`);
     }
     return plan.outcome === 'failed' ? 1 : 0;
   }, 4);

@@ -1,7 +1,7 @@
 import { parseArgs } from 'node:util';
 import { createTaskStore } from '../src/state/taskStore.js';
 import { upgradeStoredTasks } from '../src/state/upgrade.js';
-import { UsageError } from './output.js';
+import { line, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
 export async function stateCommand(argv: string[]): Promise<number> {
@@ -20,7 +20,7 @@ export async function stateCommand(argv: string[]): Promise<number> {
     if (values.json) console.log(JSON.stringify(report, null, 2));
     else {
       console.log(
-        `upgraded ${report.upgraded} task(s) to oaies.task-state.v2; ` +
+        line`upgraded ${report.upgraded} task(s) to oaies.task-state.v2; ` +
           `${report.terminalLeftAsIs} terminal task(s) left as stored (upcast on read); ${report.raced} lost a race (run again)`,
       );
       console.log(JSON.stringify(report)); // the summary line scripts read before --json existed

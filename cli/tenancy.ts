@@ -3,7 +3,7 @@ import { localKeyring, writeKeyring } from '../src/crypto/keyProvider.js';
 import { createTenantKeys } from '../src/crypto/tenantKeys.js';
 import { annotate, listHolds, placeHold, releaseHold } from '../src/retention/holds.js';
 import { runRetention, setRetentionPolicy } from '../src/retention/retention.js';
-import { printResult, UsageError } from './output.js';
+import { line, printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
 const operator = `spiffe://cairn.local/operator/${process.env.USER ?? 'unknown'}`;
@@ -31,7 +31,7 @@ export async function keysCommand(argv: string[]): Promise<number> {
     const file = values.file;
     const id = writeKeyring(file, { rotate: sub === 'rotate' });
     printResult(values.json, { file, current_kek_id: id }, () =>
-      console.log(`${file}: current key-encryption key ${id}`),
+      console.log(line`${file}: current key-encryption key ${id}`),
     );
     return 0;
   }
@@ -40,7 +40,7 @@ export async function keysCommand(argv: string[]): Promise<number> {
     return withDb(async (db) => {
       const r = await createTenantKeys({ db, provider }).rewrapAll();
       printResult(values.json, r, () =>
-        console.log(`rewrapped ${r.rewrapped} data key(s) under ${r.kekId}; no payload was re-encrypted`),
+        console.log(line`rewrapped ${r.rewrapped} data key(s) under ${r.kekId}; no payload was re-encrypted`),
       );
       return 0;
     });
@@ -67,7 +67,7 @@ export async function tenantCommand(argv: string[]): Promise<number> {
       const r = await keys.addTenant(tenant);
       printResult(values.json, { tenant_id: tenant, ...r }, () =>
         console.log(
-          `${tenant}: ${r.created ? 'registered, data key' : 'already registered, data key'} ${r.keyId}`,
+          line`${tenant}: ${r.created ? 'registered, data key' : 'already registered, data key'} ${r.keyId}`,
         ),
       );
       return 0;
@@ -75,7 +75,7 @@ export async function tenantCommand(argv: string[]): Promise<number> {
     if (!values.yes) throw new UsageError(`shredding cannot be undone: add --yes to shred ${tenant}`);
     const destroyed = await keys.shred(tenant);
     printResult(values.json, { tenant_id: tenant, destroyed }, () =>
-      console.log(`${tenant}: ${destroyed} data key(s) destroyed`),
+      console.log(line`${tenant}: ${destroyed} data key(s) destroyed`),
     );
     return 0;
   });
@@ -109,14 +109,14 @@ export async function holdCommand(argv: string[]): Promise<number> {
       const h = await placeHold(db, { ...target, reason: values.reason ?? '', actor: values.actor! });
       printResult(values.json, h, () =>
         console.log(
-          `${h.created ? 'hold' : 'already held:'} ${h.holdId} on ${h.taskId ? `task ${h.taskId}` : `tenant ${h.tenantId}`}: ${h.reason}`,
+          line`${h.created ? 'hold' : 'already held:'} ${h.holdId} on ${h.taskId ? `task ${h.taskId}` : `tenant ${h.tenantId}`}: ${h.reason}`,
         ),
       );
       return 0;
     }
     if (sub === 'release') {
       const released = await releaseHold(db, { ...target, actor: values.actor! });
-      printResult(values.json, { released }, () => console.log(`released ${released} hold(s)`));
+      printResult(values.json, { released }, () => console.log(line`released ${released} hold(s)`));
       return 0;
     }
     if (sub === 'list') {
@@ -129,7 +129,7 @@ export async function holdCommand(argv: string[]): Promise<number> {
       else
         for (const h of holds)
           console.log(
-            `${h.holdId}\t${h.tenantId}\t${h.taskId ?? '(whole tenant)'}\t${h.placedBy}\t${h.reason}`,
+            line`${h.holdId}\t${h.tenantId}\t${h.taskId ?? '(whole tenant)'}\t${h.placedBy}\t${h.reason}`,
           );
       return 0;
     }
@@ -152,7 +152,7 @@ export async function annotateCommand(argv: string[]): Promise<number> {
   return withDb(async (db) => {
     const id = await annotate(db, { taskId, author: values.author!, body: values.body ?? '' });
     printResult(values.json, { annotation_id: id, task_id: taskId }, () =>
-      console.log(`annotation ${id} added to ${taskId}`),
+      console.log(line`annotation ${id} added to ${taskId}`),
     );
     return 0;
   });
@@ -188,7 +188,9 @@ export async function retentionCommand(argv: string[]): Promise<number> {
       });
       const policy = { tenant_id: values.tenant, data_class: values.class, retain_days: Number(values.days) };
       printResult(values.json, policy, () =>
-        console.log(`${values.tenant}: ${values.class} data kept ${values.days} day(s) after a task ends`),
+        console.log(
+          line`${values.tenant}: ${values.class} data kept ${values.days} day(s) after a task ends`,
+        ),
       );
       return 0;
     }
@@ -203,11 +205,11 @@ export async function retentionCommand(argv: string[]): Promise<number> {
       if (values.json) console.log(JSON.stringify(r, null, 2));
       else {
         console.log(
-          `${r.dryRun ? 'would delete' : 'deleted'} ${r.tasks.length} task(s); ${r.held.length} expired but held; ` +
+          line`${r.dryRun ? 'would delete' : 'deleted'} ${r.tasks.length} task(s); ${r.held.length} expired but held; ` +
             `run ${r.runId}, ${r.certificates.length} certificate(s)`,
         );
-        for (const [k, v] of Object.entries(r.totals)) console.log(`  ${k.padEnd(12)} ${v}`);
-        for (const f of r.failed) console.error(`tenant ${f.tenantId}: not done: ${f.error}`);
+        for (const [k, v] of Object.entries(r.totals)) console.log(line`  ${k.padEnd(12)} ${v}`);
+        for (const f of r.failed) console.error(line`tenant ${f.tenantId}: not done: ${f.error}`);
       }
       // Another tenant's part of the run did not stop at this one's failure; the run is not done.
       return r.failed.length > 0 ? 1 : 0;
@@ -220,7 +222,7 @@ export async function retentionCommand(argv: string[]): Promise<number> {
       else
         for (const c of rows)
           console.log(
-            `${c.certificate_id}\trun ${c.run_id}\t${c.tenant_id}\t${c.issued_at.toISOString()}\t${(c.body.tasks as unknown[]).length} task(s)\t${c.digest}`,
+            line`${c.certificate_id}\trun ${c.run_id}\t${c.tenant_id}\t${c.issued_at.toISOString()}\t${(c.body.tasks as unknown[]).length} task(s)\t${c.digest}`,
           );
       return 0;
     }
