@@ -145,6 +145,7 @@ export function createInboxConsumerWithTestHooks(
   }
 
   function committed(r: { counts: InboxCommitCounts; latencies: number[] }): void {
+    dependencyWaits = 0;
     traced.committed(r.latencies);
     addCounts(r.counts);
   }
@@ -234,13 +235,14 @@ export function createInboxConsumerWithTestHooks(
    * at once (a handler's own call to another service, a pooled connection that died) is the
    * message's. 'waited': Postgres was down and answers again; 'stopped': stop() ended the wait.
    */
-  async function outage(err: unknown): Promise<'none' | 'waited' | 'stopped'> {
-    if (err instanceof CairnError && err.code === 'unavailable') return dependencyBack(err);
+  async function outage(err: unknown, heartbeat?: BatchHeartbeat): Promise<'none' | 'waited' | 'stopped'> {
+    if (err instanceof CairnError && err.code === 'unavailable') return dependencyBack(err, heartbeat);
     const readOnly = sqlState(err) === SqlState.readOnlyTransaction;
     if (!isConnectionLoss(err) && !readOnly) return 'none';
     try {
       await (readOnly ? pingWritable : pingDatabase)(db);
-      return 'none';
+      // Read-only a moment ago, writable now (a promotion just finished): never the message's.
+      return readOnly ? 'waited' : 'none';
     } catch {
       log.warn({ err: messageOf(err) }, 'postgres went away: waiting for it; no attempt is counted');
     }
@@ -249,19 +251,34 @@ export function createInboxConsumerWithTestHooks(
     return back === 'reached' ? 'waited' : 'stopped';
   }
 
+  /** Waits since the last commit for a dependency other than Postgres (dependencyBack). */
   let dependencyWaits = 0;
+  let dependencyWaitSince = 0;
   /**
    * Another dependency the handler needs is down (a key provider that does not answer:
-   * UnavailableError): no attempt is counted; the chunk waits, with capped backoff, and runs again.
+   * UnavailableError): no attempt is counted; the chunk waits, with capped backoff and the
+   * batch's heartbeat going, and runs again. Not forever: what Cairn cannot tell from an outage
+   * (a key provider that refuses one tenant's key) would hold every message behind it. Past
+   * 4 x maxAttempts x retryMaxMs without a commit (100 s by default), the attempts count and
+   * the message is dead-lettered after them (`cairn inbox replay` sends it again).
    */
-  async function dependencyBack(err: unknown): Promise<'waited' | 'stopped'> {
+  async function dependencyBack(
+    err: unknown,
+    heartbeat?: BatchHeartbeat,
+  ): Promise<'none' | 'waited' | 'stopped'> {
+    if (dependencyWaits === 0) dependencyWaitSince = performance.now();
+    if (performance.now() - dependencyWaitSince > 4 * maxAttempts * retryMaxMs) return 'none';
     const ms = Math.min(retryMaxMs * 2, retryBaseMs * 2 ** Math.min(dependencyWaits++, 16));
     log.warn(
       { err: messageOf(err), retry_in_ms: ms },
       'a dependency is unavailable: waiting; no attempt is counted',
     );
     try {
-      await sleep(ms * (0.8 + Math.random() * 0.2), undefined, { signal: stopWaiting.signal });
+      const until = performance.now() + ms * (0.8 + Math.random() * 0.2);
+      for (let left = until - performance.now(); left > 0; left = until - performance.now()) {
+        heartbeat?.beat();
+        await sleep(Math.min(left, 500), undefined, { signal: stopWaiting.signal });
+      }
       return 'waited';
     } catch {
       return 'stopped';
@@ -273,13 +290,17 @@ export function createInboxConsumerWithTestHooks(
    * false when it was neither applied nor dead-lettered (a stop, or the partition lost while
    * Postgres was down): the caller hands the rest of the batch back.
    */
-  async function applyAlone(m: InboxMessage, isActive: () => boolean): Promise<boolean> {
+  async function applyAlone(
+    m: InboxMessage,
+    isActive: () => boolean,
+    heartbeat?: BatchHeartbeat,
+  ): Promise<boolean> {
     for (let attempt = 1; ; attempt++) {
       try {
         committed(await db.transaction().execute((trx) => applyChunk(trx, [m])));
         return true;
       } catch (err) {
-        const down = await outage(err);
+        const down = await outage(err, heartbeat);
         if (down !== 'none') {
           if (down === 'stopped' || !isActive()) return false;
           attempt--;
@@ -318,12 +339,11 @@ export function createInboxConsumerWithTestHooks(
         const started = performance.now();
         const r = await db.transaction().execute((trx) => applyChunk(trx, chunk, heartbeat));
         committed(r);
-        dependencyWaits = 0;
         // Paced by handled messages: growing on a chunk of duplicates ran past the session.
         if (r.counts.applied > 0) chunks.took(r.counts.applied, performance.now() - started);
       } catch (err) {
         // Postgres went away: once it answers, the whole chunk again.
-        const down = await outage(err);
+        const down = await outage(err, heartbeat);
         if (down === 'stopped') return;
         if (down === 'waited') {
           i -= chunk.length;
@@ -338,7 +358,7 @@ export function createInboxConsumerWithTestHooks(
         done = 0;
         for (const m of chunk) {
           if (!batch.isActive() || (done > 0 && heartbeat.failed())) break;
-          if (!(await applyAlone(m, batch.isActive))) break;
+          if (!(await applyAlone(m, batch.isActive, heartbeat))) break;
           done++;
           heartbeat.beat();
         }

@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { databaseAddress, pingDatabase } from '../src/db/database.js';
-import { isConfigurationSqlError, isConnectionLoss, mapSqlError } from '../src/db/sqlstate.js';
+import { isConfigurationSqlError, isDatabaseOutage, mapSqlError } from '../src/db/sqlstate.js';
 import { CairnError, CairnErrorCodes, ConfigurationError } from '../src/errors.js';
 import { isKafkaConfigurationError, isPoisonError } from '../src/kafka/classifyError.js';
 import { silentLogger } from '../src/logger.js';
@@ -284,7 +284,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
         await seedLanes(db);
         await walMode?.prepare();
       } catch (err) {
-        if (isConnectionLoss(err)) throw err;
+        if (isDatabaseOutage(err)) throw err; // a server restarting, or not promoted yet: waited for
         const mapped = mapSqlError(err); // an unmigrated database: "run cairn migrate"
         if (mapped instanceof ConfigurationError)
           throw new ConfigurationError(`${database.address}: ${mapped.message}`, err);

@@ -1,4 +1,4 @@
-import { isConnectionLoss, SqlState, sqlState } from './db/sqlstate.js';
+import { isDatabaseOutage } from './db/sqlstate.js';
 import { CairnError } from './errors.js';
 
 /**
@@ -25,12 +25,9 @@ export const ExitCode = {
 const UNAVAILABLE_CODES = new Set(['unavailable', 'keyring_unreadable']);
 
 export function exitCodeFor(err: unknown): number {
-  // Postgres went away (a session terminated, refused, too many connections) or stalled past a
-  // statement timeout: an outage, never a finding, whatever the command was doing.
-  if (!(err instanceof CairnError))
-    return isConnectionLoss(err) || sqlState(err) === SqlState.queryCanceled
-      ? ExitCode.unavailable
-      : ExitCode.failed;
+  // Postgres went away (a session terminated, refused, too many connections), stalled past a
+  // statement timeout or takes no writes yet: an outage, never a finding, whatever the command.
+  if (!(err instanceof CairnError)) return isDatabaseOutage(err) ? ExitCode.unavailable : ExitCode.failed;
   if (err.code === 'configuration' || err.code === 'topic_missing') return ExitCode.configuration;
   if (err.code === 'usage') return ExitCode.usage;
   // An outage concluded nothing: a script must be able to tell it from a finding (exit 1).

@@ -139,6 +139,16 @@ export function isRetriableSqlError(err: unknown): boolean {
 }
 
 /**
+ * Postgres not serving now, whatever the statement: the connection lost (isConnectionLoss), a
+ * statement stalled past its timeout (57014), a server that takes no writes yet (25006: a
+ * standby being promoted). What a run or a command may not take for a finding.
+ */
+export function isDatabaseOutage(err: unknown): boolean {
+  const state = sqlState(err);
+  return isConnectionLoss(err) || state === SqlState.queryCanceled || state === SqlState.readOnlyTransaction;
+}
+
+/**
  * The connection failed or was closed (the server restarting or shutting down, the network
  * cut, too many connections), whatever the statement was. Says nothing on its own about whose
  * connection: a handler's call to another service can fail with ECONNREFUSED too, so callers

@@ -200,6 +200,14 @@ export function createReceiptStoreWithTestHooks(
         unknown ? 'effect cut off: its outcome is unknown' : 'effect failed',
       );
       if (!unknown) return { ...ref, status: 'failed', error: message };
+      // Settling it (gate, compensate) is the lease holder's: a worker that lost its lease
+      // leaves the receipt uncertain for the holder (a gate without its audit row, or a
+      // compensation refused at its intent and stuck compensating, otherwise).
+      if (input.lease && !(await holdsFence(db, input.lease))) {
+        throw new LeaseLostError(
+          `receipt ${input.tool} at ${input.step} of task ${input.taskId}: the effect was cut off (${message}) and lease token ${input.lease.fencingToken} is no longer current: left uncertain for the holder`,
+        );
+      }
       const row = await load(ref.idempotencyKey, input.taskId);
       if (row?.status !== 'uncertain') return store.runOnce(input); // someone else moved it: look again
       return resolveUncertain(input, row, options.worker ?? `${hostname()}:${process.pid}`);
@@ -226,6 +234,11 @@ export function createReceiptStoreWithTestHooks(
         .executeTakeFirst(),
     );
     if (recorded) return { ...ref, status: 'succeeded', result, ran: true };
+    // The first try committed and only its answer was lost (record() sent it again): this is
+    // still this call's success, not someone else's.
+    const now = await load(ref.idempotencyKey, input.taskId);
+    if (now?.status === 'succeeded' && now.attempt === attempt && now.result_digest === digestOf(result))
+      return { ...ref, status: 'succeeded', result, ran: true };
     return lateSuccess(ctx, input, ref, attempt, result);
   }
 

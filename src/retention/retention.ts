@@ -4,7 +4,7 @@ import { z } from 'zod';
 import { canonicalBytes, sha256 } from '../canonical.js';
 import type { Db } from '../db/database.js';
 import type { Trx } from '../db/executor.js';
-import { isConnectionLoss, SqlState, sqlState } from '../db/sqlstate.js';
+import { isDatabaseOutage, SqlState, sqlState } from '../db/sqlstate.js';
 import { assertTenantKnown } from '../db/tenant.js';
 import type { DataClass } from '../db/types.js';
 import { messageOf, ValidationError } from '../errors.js';
@@ -223,7 +223,7 @@ export async function runRetentionWithTestHooks(
     try {
       await retainTenant(tenant);
     } catch (err) {
-      if (isConnectionLoss(err)) throw err;
+      if (isDatabaseOutage(err)) throw err;
       run.failed.push({ tenantId: tenant, error: messageOf(err) });
     }
   }
@@ -281,6 +281,15 @@ export async function runRetentionWithTestHooks(
               .map((r) => r.task_id),
           );
           const locked = chosen.filter((id) => same.has(id));
+          // Held by another transaction (SKIP LOCKED): still there, for a later run.
+          const busy = chosen.filter((id) => !now.rows.some((r) => r.task_id === id));
+          if (busy.length > 0) {
+            const still = await sql<{ task_id: string }>`
+              SELECT task_id FROM task_state WHERE task_id = ANY(${busy}::text[]) AND tenant_id = ${tenant}`.execute(
+              trx,
+            );
+            run.deferred.push(...still.rows.map((r) => r.task_id));
+          }
           // Looked again under the lock: a message enqueued since the batch was chosen defers its task.
           const late = new Set(
             (await unpublishedOf(tenant, locked).execute(trx)).rows.map(

@@ -21,7 +21,9 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   await relayDb?.destroy();
-  await sql`ALTER DATABASE ${sql.id(t.name)} RESET default_transaction_read_only`.execute(t.db).catch(() => {});
+  await sql`ALTER DATABASE ${sql.id(t.name)} RESET default_transaction_read_only`
+    .execute(t.db)
+    .catch(() => {});
   await t?.drop();
 });
 

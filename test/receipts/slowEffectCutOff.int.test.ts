@@ -99,7 +99,9 @@ it('compensate: a worker that lost its lease leaves no receipt stuck compensatin
     gate: { store, actor: 'spiffe://acme.example/agents/w2', lease: owner },
     effect: async () => 'must not run',
   });
-  const reconciled = await holder.reconcile('adv5-comp', { gate: { store, actor: 'spiffe://acme.example/agents/w2', lease: owner } });
+  const reconciled = await holder.reconcile('adv5-comp', {
+    gate: { store, actor: 'spiffe://acme.example/agents/w2', lease: owner },
+  });
   expect({
     compensations,
     stuck: receipt.status === 'compensating' && receipt.worker === 'w1',

@@ -19,9 +19,9 @@ import type { Checkpoint } from '../../src/checkpoints/schema.js';
 import type { KeyRing } from '../../src/checkpoints/signing.js';
 import { resume } from '../../src/recovery/resume.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
-import { resumeOptions, seedPlannedTask } from '../checkpoints/fixtures.js';
 import { cairnBundle } from '../support/cli.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+import { resumeOptions, seedPlannedTask } from './fixtures.js';
 
 const run = promisify(execFile);
 const ring: KeyRing = { current: 'k1', keys: { k1: Buffer.from('adversary5 signing key') } };
@@ -77,7 +77,7 @@ async function forgeWithUnknownKey(taskId: string): Promise<Checkpoint> {
   return doc;
 }
 
-it('a forged checkpoint naming a key id that never existed is invalid, not an outage', async () => {
+it('a corrupt checkpoint whose signature names a key the ring never had is invalid, not an outage: the checks that need no key come first', async () => {
   await seedPlannedTask(store, 'adv5-1');
   const [real] = await checkpoints.list('adv5-1');
   const forged = await forgeWithUnknownKey('adv5-1');

@@ -18,9 +18,9 @@ import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
 import { type KeyProvider, localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys } from '../../src/crypto/tenantKeys.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
-import { oneTopicOf, onTestBroker } from '../inbox/fixtures.js';
 import { AGENT, newTask } from '../state/fixtures.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+import { oneTopicOf, onTestBroker } from './fixtures.js';
 
 let t: TestDatabase;
 let keyringPath: string;
@@ -35,7 +35,10 @@ beforeAll(async () => {
   for (const tenant of ['acme', 'globex']) {
     await keys.addTenant(tenant);
     await store.create({
-      task: { ...newTask(`T-${tenant}`, { tenant_id: tenant }), artifacts: { implementation_plan: `s3://${tenant}` } },
+      task: {
+        ...newTask(`T-${tenant}`, { tenant_id: tenant }),
+        artifacts: { implementation_plan: `s3://${tenant}` },
+      },
       actor: AGENT,
     });
   }
