@@ -12,17 +12,16 @@ import { CairnError, mayRetry, messageOf } from '../src/errors.js';
 import type { ReceivedBatch } from '../src/kafka/subscriber.js';
 import { silentLogger } from '../src/logger.js';
 import { parseOptions } from '../src/options.js';
-import { DLQ_HEADER, HEADER } from '../src/outbox/wire.js';
 import { untilReachable } from '../src/startup/untilReachable.js';
 import { consumptionMark } from '../src/state/changelog.js';
 import { chunkSizer } from './chunkSize.js';
+import { deadLetterer } from './deadLetterMessage.js';
 import { type BatchHeartbeat, batchHeartbeat } from './heartbeat.js';
 import { InboxConsumerOptionsSchema } from './options.js';
 import { applyTracing } from './processSpan.js';
 import { claimVersion } from './sql/claimVersion.js';
-import { appliedBy, inboxKey, insertInboxRows } from './sql/insertInboxRows.js';
+import { inboxKey, insertInboxRows } from './sql/insertInboxRows.js';
 import { pruneInbox } from './sql/pruneInbox.js';
-import { recordDeadLetter } from './sql/recordDeadLetter.js';
 
 export { type InboxMessage, toInboxMessage } from './inboxMessage.js';
 export type {
@@ -85,10 +84,18 @@ export function createInboxConsumerWithTestHooks(
     offsetCommitFailures: 0,
   };
   let pruneTimer: NodeJS.Timeout | undefined;
-  let dlqConnected: Promise<void> | undefined;
   let waitingForDb = false;
   const stopWaiting = new AbortController();
   const traced = applyTracing(groupId);
+  const deadLetters = deadLetterer({
+    db,
+    groupId,
+    publisher: options.dlqPublisher,
+    log,
+    onRecorded: () => {
+      stats.deadLettered++;
+    },
+  });
 
   /** Applies the new messages of a chunk in one transaction; returns counts to add once it committed. */
   async function applyChunk(trx: Trx, chunk: readonly InboxMessage[], heartbeat?: BatchHeartbeat) {
@@ -162,56 +169,6 @@ export function createInboxConsumerWithTestHooks(
     } catch (err) {
       ignore(err);
     }
-  }
-
-  async function deadLetter(m: InboxMessage, error: unknown, attempts: number): Promise<void> {
-    const message = messageOf(error);
-    // A consumer that lost the partition while this message failed here: its new owner may
-    // have applied it meanwhile, and an applied message is never dead-lettered.
-    if (await appliedBy(db, groupId, m)) {
-      log.warn({ message_id: m.messageId }, 'not dead-lettered: another consumer of the group applied it');
-      return;
-    }
-    // A connect that failed (the broker restarting) is tried again by the next dead letter:
-    // kept, its rejection failed every dead letter of this process and held its partition.
-    dlqConnected ??= options.dlqPublisher.connect().catch((err: unknown) => {
-      dlqConnected = undefined;
-      throw err;
-    });
-    await dlqConnected;
-    // Publish first, then record: a crash in between re-sends the same dead letter (same message id), never loses it.
-    await options.dlqPublisher.publish([
-      {
-        topic: `${m.topic}.dlq`,
-        key: m.key ?? m.messageId,
-        value: m.value ?? Buffer.alloc(0),
-        headers: {
-          ...m.headers,
-          [HEADER.messageId]: m.messageId,
-          [DLQ_HEADER.error]: message.slice(0, 2000),
-          [DLQ_HEADER.consumerGroup]: groupId,
-          [DLQ_HEADER.originalTopic]: m.topic,
-          [DLQ_HEADER.originalPartition]: String(m.partition),
-          [DLQ_HEADER.originalOffset]: m.offset,
-          [DLQ_HEADER.attempts]: String(attempts),
-        },
-      },
-    ]);
-    const recorded = await db
-      .transaction()
-      .execute((trx) => recordDeadLetter(trx, { groupId, message: m, error: message, attempts }));
-    if (!recorded) {
-      log.warn(
-        { message_id: m.messageId },
-        'dead letter not recorded: another consumer of the group applied it',
-      );
-      return;
-    }
-    stats.deadLettered++;
-    log.error(
-      { message_id: m.messageId, topic: m.topic, offset: m.offset, err: message },
-      'message dead-lettered',
-    );
   }
 
   /** Waits until Postgres answers (waitingFor() says 'postgres' meanwhile); 'stopped' if stop() ended the wait. */
@@ -309,7 +266,7 @@ export function createInboxConsumerWithTestHooks(
         const retriable = mayRetry(err) || isRetriableSqlError(err);
         if (!retriable || attempt >= maxAttempts) {
           try {
-            await deadLetter(m, err, attempt);
+            await deadLetters.send(m, err, attempt);
           } catch (failed) {
             // Postgres went away while it was dead-lettered: read again later, nothing lost.
             if ((await outage(failed)) === 'none') throw failed;
@@ -407,7 +364,7 @@ export function createInboxConsumerWithTestHooks(
       stopWaiting.abort();
       clearTimeout(pruneTimer);
       await options.subscriber.stop();
-      if (dlqConnected) await options.dlqPublisher.disconnect().catch(() => {});
+      await deadLetters.disconnect();
     },
     stats: () => ({ ...stats }),
     waitingFor: () => (waitingForDb ? 'postgres' : options.subscriber.waiting() ? 'kafka' : null),

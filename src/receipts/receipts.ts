@@ -1,18 +1,10 @@
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { sql } from 'kysely';
-import pRetry from 'p-retry';
 import { digestOf } from '../canonical.js';
-import { isRetriableSqlError, mapSqlError, SqlState, sqlState } from '../db/sqlstate.js';
+import { mapSqlError } from '../db/sqlstate.js';
 import type { ReceiptStatus } from '../db/types.js';
-import {
-  CairnError,
-  CairnErrorCodes,
-  LeaseLostError,
-  messageOf,
-  NotFoundError,
-  ValidationError,
-} from '../errors.js';
+import { LeaseLostError, NotFoundError, ValidationError } from '../errors.js';
 import type { Lease } from '../leases/leases.js';
 import { holdsFence } from '../leases/sql/fenceCheck.js';
 import { silentLogger } from '../logger.js';
@@ -21,6 +13,8 @@ import { parseStoredTaskState } from '../state/parseStored.js';
 import { compensateFrom, lateSuccess, type ReceiptContext, settled } from './compensation.js';
 import { ReceiptStoreOptionsSchema } from './options.js';
 import { outcomeUnknown } from './outcome.js';
+import { reconcileTask } from './reconcile.js';
+import { recordThroughOutages } from './record.js';
 import { createResultCodec, type StoredRow } from './resultCodec.js';
 import { COLUMNS, idempotencyKeyOf } from './rows.js';
 import { receiptOwnerAlive } from './sql/ownerAlive.js';
@@ -30,7 +24,6 @@ import type {
   ReceiptStore,
   ReceiptStoreOptions,
   ReceiptTestHooks,
-  ReconcileAction,
   Ref,
   RunOnceInput,
   RunOnceResult,
@@ -132,24 +125,7 @@ export function createReceiptStoreWithTestHooks(
       });
   }
 
-  /**
-   * Records how an effect ended. Only this worker knows it: Postgres going away for a moment
-   * must not lose it (a receipt left started is later taken for uncertain, and a known
-   * success gated, compensated or run again). The update is the same each time it is sent, so
-   * it is sent again, with capped backoff, until Postgres takes it.
-   */
-  function record<R>(what: string, write: () => Promise<R>): Promise<R> {
-    return pRetry(write, {
-      retries: Number.POSITIVE_INFINITY,
-      minTimeout: 100,
-      maxTimeout: 5000,
-      shouldRetry: ({ error }) => isRetriableSqlError(error) || sqlState(error) === SqlState.queryCanceled,
-      onFailedAttempt: ({ error, attemptNumber }) => {
-        if (isRetriableSqlError(error) || sqlState(error) === SqlState.queryCanceled)
-          log.warn({ err: messageOf(error), attempt: attemptNumber }, `recording ${what}: trying again`);
-      },
-    });
-  }
+  const record = <R>(what: string, write: () => Promise<R>) => recordThroughOutages(log, what, write);
 
   /** Runs the effect for an intent this worker holds, and records how it ended. */
   async function execute<T>(input: RunOnceInput<T>, ref: Ref, attempt: number): Promise<RunOnceResult<T>> {
@@ -366,65 +342,18 @@ export function createReceiptStoreWithTestHooks(
 
     byKey: (key) => load(key),
 
-    async reconcile(taskId, opts) {
-      const out: Array<{ receiptId: string; tool: string; step: string; action: ReconcileAction }> = [];
-      for (const r of await store.byTask(taskId)) {
-        if (r.step.endsWith('/compensate')) continue; // settled through the receipt it compensates
-        const entry = { receiptId: r.receipt_id, tool: r.tool, step: r.step };
-        if (r.status === 'succeeded') out.push({ ...entry, action: 'skip' });
-        else if (r.status === 'failed') out.push({ ...entry, action: 'may_run' });
-        else if (r.status === 'compensated' || r.status === 'gated')
-          out.push({ ...entry, action: 'settled' });
-        else {
-          // A caller that holds the task's lease (resume) settles receipts only while it still
-          // does: one paused past its lease must not mark, gate or compensate another
-          // holder's receipts (the gate's audit row would be refused after the receipt moved).
-          const fence = opts.gate?.lease;
-          if (fence && !(await holdsFence(db, fence))) {
-            throw new LeaseLostError(
-              `reconcile of task ${taskId}: lease token ${fence.fencingToken} is no longer current; receipt ${r.receipt_id} was left as it is`,
-            );
-          }
-          if (r.status === 'started') {
-            if (await ownerAlive(r.receipt_id)) {
-              out.push({ ...entry, action: 'in_progress' });
-              continue;
-            }
-            await db
-              .updateTable('tool_receipt')
-              .set({ status: 'uncertain' })
-              .where('receipt_id', '=', r.receipt_id)
-              .where('status', '=', 'started')
-              .execute();
-          }
-          const compensate = opts.compensators?.[r.tool];
-          if (r.status === 'compensating' && !compensate) {
-            out.push({ ...entry, action: 'in_progress' });
-            continue;
-          }
-          const settled = await resolveUncertain(
-            {
-              taskId,
-              step: r.step,
-              tool: r.tool,
-              args: null,
-              effect: async () => {
-                throw new CairnError(CairnErrorCodes.InvariantViolated, 'reconcile never runs an effect');
-              },
-              onUncertain: compensate ? 'compensate' : 'gate',
-              ...(compensate ? { compensate } : {}),
-              // The compensation runs under the caller's lease: it does not start once lost.
-              ...(fence && 'leaseId' in fence ? { lease: fence as Lease } : {}),
-              ...(opts.gate ? { gate: opts.gate } : {}),
-            },
-            { ...r, status: r.status === 'compensating' ? 'compensating' : 'uncertain' },
-            options.worker ?? `${hostname()}:${process.pid}`,
-          );
-          out.push({ ...entry, action: settled.status === 'compensated' ? 'compensated' : 'gated' });
-        }
-      }
-      return out;
-    },
+    reconcile: (taskId, opts) =>
+      reconcileTask(
+        {
+          db,
+          byTask: (id) => store.byTask(id),
+          ownerAlive,
+          resolveUncertain,
+          worker: options.worker ?? `${hostname()}:${process.pid}`,
+        },
+        taskId,
+        opts,
+      ),
 
     async byTask(taskId) {
       const rows = (await db
