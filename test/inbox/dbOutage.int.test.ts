@@ -6,8 +6,8 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
-import { createDb, type Db } from '../../src/db/database.js';
-import { freePort, startTcpProxy, type TcpProxy } from '../support/tcpProxy.js';
+import type { Db } from '../../src/db/database.js';
+import { dbBehindProxy, type TcpProxy } from '../support/tcpProxy.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
 import { oneTopicOf, onTestBroker } from './fixtures.js';
@@ -16,20 +16,16 @@ let t: TestDatabase;
 let proxy: TcpProxy;
 /** The consumer's database: the test database behind a proxy the test can cut. */
 let cutDb: Db;
+let behind: Awaited<ReturnType<typeof dbBehindProxy>>;
 
 beforeAll(async () => {
   t = await createTestDatabase('inbox_db_outage');
   await sql`CREATE TABLE effects (message_id text PRIMARY KEY)`.execute(t.db);
-  const port = await freePort();
-  const real = new URL(t.url);
-  proxy = await startTcpProxy(port, { host: real.hostname, port: Number(real.port || 5432) });
-  const via = new URL(t.url);
-  via.host = `127.0.0.1:${port}`;
-  cutDb = createDb({ connectionString: via.toString(), max: 4 });
+  behind = await dbBehindProxy(t.url);
+  ({ db: cutDb, proxy } = behind);
 });
 afterAll(async () => {
-  await cutDb?.destroy();
-  await proxy?.close();
+  await behind?.close();
   await t?.drop();
 });
 

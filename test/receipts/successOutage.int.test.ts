@@ -4,30 +4,26 @@
 // effect whose outcome this worker knew. Before: runOnce threw the connection error at once,
 // the receipt stayed `started`, and once its worker was taken for dead it was gated.
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { createDb, type Db } from '../../src/db/database.js';
+import type { Db } from '../../src/db/database.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
-import { freePort, startTcpProxy, type TcpProxy } from '../support/tcpProxy.js';
+import { dbBehindProxy, type TcpProxy } from '../support/tcpProxy.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
 let t: TestDatabase;
 let proxy: TcpProxy;
 let cutDb: Db;
+let behind: Awaited<ReturnType<typeof dbBehindProxy>>;
 
 beforeAll(async () => {
   t = await createTestDatabase('receipt_success_outage');
-  const port = await freePort();
-  const real = new URL(t.url);
-  proxy = await startTcpProxy(port, { host: real.hostname, port: Number(real.port || 5432) });
-  const via = new URL(t.url);
-  via.host = `127.0.0.1:${port}`;
-  cutDb = createDb({ connectionString: via.toString(), max: 4 });
+  behind = await dbBehindProxy(t.url);
+  ({ db: cutDb, proxy } = behind);
   await createTaskStore({ db: t.db }).create({ task: newTask('R-1'), actor: AGENT });
 });
 afterAll(async () => {
-  await cutDb?.destroy();
-  await proxy?.close();
+  await behind?.close();
   await t?.drop();
 });
 

@@ -1,4 +1,5 @@
 import { createConnection, createServer, type Socket } from 'node:net';
+import { createDb, type Db } from '../../src/db/database.js';
 
 /** A loopback port nothing listens on (yet): connections to it are refused at once. */
 export async function freePort(): Promise<number> {
@@ -61,5 +62,28 @@ export async function startTcpProxy(port: number, target: { host: string; port: 
         for (const s of sockets) s.destroy();
         server.close(() => resolve());
       }),
+  };
+}
+
+/**
+ * A pool on the database at `url` through a proxy the test can cut (Postgres "going away" for
+ * this pool only). Close with `close()`: the pool, then the proxy.
+ */
+export async function dbBehindProxy(
+  url: string,
+): Promise<{ db: Db; proxy: TcpProxy; close(): Promise<void> }> {
+  const port = await freePort();
+  const real = new URL(url);
+  const proxy = await startTcpProxy(port, { host: real.hostname, port: Number(real.port || 5432) });
+  const via = new URL(url);
+  via.host = `127.0.0.1:${port}`;
+  const db = createDb({ connectionString: via.toString(), max: 4 });
+  return {
+    db,
+    proxy,
+    async close() {
+      await db.destroy();
+      await proxy.close();
+    },
   };
 }
