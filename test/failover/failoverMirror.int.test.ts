@@ -81,7 +81,8 @@ describe('unmirroredMessages: a message published in region A that never reached
       actor: AGENT,
       reason: 'plan approved',
     });
-    await sql`DELETE FROM outbox WHERE message_id = ${planted}::uuid`.execute(asB);
+    // Published and deleted (the relay's part; tenants delete no outbox row since migration 0015).
+    await sql`DELETE FROM outbox WHERE message_id = ${planted}::uuid`.execute(t.db);
     const docs = await t.db.selectFrom('checkpoint').select('doc').where('task_id', '=', 'M-2').execute();
     expect(JSON.stringify(docs)).not.toContain(planted);
     expect((await unmirroredMessages(t.db, [], ['agents'])).map((u) => u.taskId)).not.toContain('M-2');

@@ -14,8 +14,8 @@ import {
 import { waitFor } from '../support/topicReader.js';
 
 /**
- * A published row can be gone before the relay deletes it: a tenant deleting its own outbox
- * row with its own SQL (row-level security lets it), or an operator's `cairn outbox skip`.
+ * A published row can be gone before the relay deletes it: an operator's `cairn outbox skip`
+ * (or, before migration 0015, a tenant deleting its own outbox row with its own SQL).
  * That is not a lost lane: no "lost a lane" warning, no lost-lane counter a tenant could drive
  * into an operator's alerts, no rebalance. It is counted apart (goneBeforeDelete).
  */
@@ -53,8 +53,8 @@ describe('a published row deleted by someone else before the relay deletes it', 
     try {
       await pause.reached;
       const lanes = relay.stats().lanesOwned;
-      // The tenant deletes its own row, published a moment ago, with its own SQL.
-      const { numAffectedRows } = await sql`DELETE FROM outbox WHERE message_id = ${ids[1]}`.execute(asA);
+      // Someone else deletes the row, published a moment ago (an operator's skip, as the owner).
+      const { numAffectedRows } = await sql`DELETE FROM outbox WHERE message_id = ${ids[1]}`.execute(tdb.db);
       expect(numAffectedRows).toBe(1n);
       pause.release();
       await waitFor('the relay to delete the rest', async () => {
