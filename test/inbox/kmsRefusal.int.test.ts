@@ -20,6 +20,7 @@ import { createTenantKeys } from '../../src/crypto/tenantKeys.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+import { waitFor } from '../support/topicReader.js';
 import { oneTopicOf, onTestBroker } from './fixtures.js';
 
 let t: TestDatabase;
@@ -82,8 +83,17 @@ it("a KMS that refuses one tenant's key does not hold another tenant's message f
   });
   void consumer.run();
   try {
-    // Generous: with maxAttempts 3 and 200 ms backoff, well under a second is needed.
-    await new Promise((r) => setTimeout(r, 20_000));
+    // The refusal is waited for 4 x 3 x 200 ms = 2.4 s (it could be an outage), then m0's three
+    // attempts count: dead-lettered, and m1 applied. Before, neither happened, ever.
+    await waitFor(
+      "globex's message applied and acme's dead-lettered",
+      async () => {
+        const r = await sql<{ n: number }>`
+          SELECT (SELECT count(*) FROM effects) + (SELECT count(*) FROM inbox_dlq) AS n`.execute(t.db);
+        return Number(r.rows[0]!.n) >= 2;
+      },
+      30_000,
+    );
     const effects = await sql<{ message_id: string }>`SELECT message_id FROM effects`.execute(t.db);
     const dlq = await sql<{ n: number }>`SELECT count(*)::int AS n FROM inbox_dlq`.execute(t.db);
     expect({
