@@ -198,8 +198,10 @@ export function createInboxConsumerWithTestHooks(
     if (!isConnectionLoss(err) && !readOnly) return 'none';
     try {
       await (readOnly ? pingWritable : pingDatabase)(db);
-      // Read-only a moment ago, writable now (a promotion just finished): never the message's.
-      return readOnly ? 'waited' : 'none';
+      // Read-only a moment ago, writable now (a promotion just finished): not the message's,
+      // waited for with backoff and a bound (a handler writing to another server that stays
+      // read-only must neither spin nor hold the partition for good).
+      return readOnly ? dependencyBack(err, heartbeat) : 'none';
     } catch {
       log.warn({ err: messageOf(err) }, 'postgres went away: waiting for it; no attempt is counted');
     }

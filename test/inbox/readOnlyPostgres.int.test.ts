@@ -10,6 +10,7 @@ import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
 import { createDb, type Db } from '../../src/db/database.js';
 import type { Publisher } from '../../src/kafka/publisher.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+import { waitFor } from '../support/topicReader.js';
 import { oneTopicOf, onTestBroker } from './fixtures.js';
 
 let t: TestDatabase;
@@ -58,6 +59,35 @@ it('a read-only Postgres (failover in progress) sends nothing to the dead-letter
     await new Promise((r) => setTimeout(r, 2000));
     expect(sentToDlq).toEqual([]);
     expect(consumer.waitingFor()).toBe('postgres');
+  } finally {
+    await consumer.stop();
+  }
+});
+
+it("a handler's own read-only write on a writable server neither spins nor holds the partition: dead-lettered after its attempts", async () => {
+  const topic = await oneTopicOf('read-only-own', 1);
+  const group = `${topic}.g`;
+  let calls = 0;
+  const consumer = createInboxConsumer({
+    db: t.db,
+    groupId: group,
+    ...onTestBroker(group, topic),
+    maxAttempts: 2,
+    retryBaseMs: 20,
+    retryMaxMs: 100,
+    handler: async (trx) => {
+      calls++;
+      // 25006 although the server takes writes: the handler made its own transaction read-only.
+      await sql`SET LOCAL transaction_read_only = on`.execute(trx);
+      await sql`INSERT INTO effects VALUES ('never')`.execute(trx);
+    },
+  });
+  void consumer.run();
+  try {
+    // Waited for 4 x 2 x 100 ms at most (it could be a promotion finishing), then its attempts count.
+    await waitFor('the message dead-lettered', () => consumer.stats().deadLettered === 1, 30_000);
+    // With backoff: a few dozen tries at most, not thousands.
+    expect(calls).toBeLessThan(40);
   } finally {
     await consumer.stop();
   }
