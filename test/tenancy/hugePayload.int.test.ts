@@ -29,7 +29,7 @@ beforeAll(async () => {
   topic = await createTestTopic('adv3-huge-payload', 1);
 });
 afterAll(async () => {
-  await Promise.race([tdb?.drop(), new Promise((r) => setTimeout(r, 10_000))]);
+  await tdb?.drop();
 });
 
 describe("a tenant's own outbox row with a huge payload", () => {
@@ -59,9 +59,8 @@ describe("a tenant's own outbox row with a huge payload", () => {
       );
       expect(relay.stats().published).toBeGreaterThanOrEqual(1);
     } finally {
-      // A relay stuck in a claim never returns from stop(): do not wait for it past 5 s.
-      const stopped = Promise.all([relay.stop(), run.catch(() => {})]);
-      await Promise.race([stopped, new Promise((r) => setTimeout(r, 5_000))]);
+      await relay.stop();
+      await run;
       await app.destroy();
     }
   });
