@@ -62,12 +62,11 @@ export async function placeHold(
   // Placing the same hold again (an operator repeating the command, or rerunning it after it
   // was killed) returns the active hold instead of adding a second one.
   const row = await db.transaction().execute(async (trx) => {
-    await sql`SELECT pg_advisory_xact_lock(hashtext(${`cairn.hold:${tenant}:${h.taskId ?? ''}`}))`.execute(
-      trx,
-    );
-    // A retention batch holds this lock (shared) from before its deletes until it commits:
-    // the hold waits for it, and a task the batch deleted is then not found, rather than held
-    // in name while its rows are gone.
+    // The tenant's row, locked against retention batches (which take it FOR SHARE from before
+    // their deletes until they commit) and against another placement of this hold: the hold
+    // waits for a batch, and a task the batch deleted is then not found, rather than held in
+    // name while its rows are gone. No tenant's role can lock this row (no UPDATE on it).
+    await sql`SELECT 1 FROM tenant WHERE tenant_id = ${tenant} FOR NO KEY UPDATE`.execute(trx);
     if (h.taskId !== undefined) {
       const still = await trx
         .selectFrom('task_state')

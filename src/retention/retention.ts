@@ -299,12 +299,12 @@ export async function runRetentionWithTestHooks(
           run.deferred.push(...late);
           const ids = locked.filter((id) => !late.has(id));
           if (ids.length === 0) return undefined;
-          // Holds being placed on this tenant or these tasks (placeHold's lock, taken here
-          // shared) go first: a hold that commits before this batch is seen by the delete's check.
-          const holdLocks = [`cairn.hold:${tenant}:`, ...ids.map((id) => `cairn.hold:${tenant}:${id}`)];
-          await sql`SELECT pg_advisory_xact_lock_shared(hashtext(k)) FROM unnest(${holdLocks}::text[]) AS k`.execute(
-            trx,
-          );
+          // Holds being placed on this tenant or its tasks go first: a hold that commits before
+          // this batch is seen by the delete's check, and one placed after waits for the batch.
+          // The lock is the tenant's row (placeHold takes it FOR NO KEY UPDATE), which no
+          // tenant's role can lock: an advisory lock, open to every role, let one tenant defer
+          // another's retention for good (review finding, test/retention/oneTenant).
+          await sql`SELECT 1 FROM tenant WHERE tenant_id = ${tenant} FOR SHARE`.execute(trx);
           const tasks: DeletedTask[] = [];
           for (const c of due) if (ids.includes(c.task_id)) tasks.push(await describe(trx, tenant, c));
           const deleted = await deleteTasks(trx, tenant, ids);

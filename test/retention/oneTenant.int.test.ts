@@ -2,6 +2,7 @@ import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import type { Db } from '../../src/db/database.js';
+import { placeHold } from '../../src/retention/holds.js';
 import { runRetention, setRetentionPolicy } from '../../src/retention/retention.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
@@ -115,6 +116,41 @@ describe("one tenant's own rows and one retention run for every tenant", () => {
       end();
       await holder;
       await run.catch(() => {});
+    }
+  });
+
+  it("a lock a tenant takes under the name of another's holds stalls neither its retention nor a hold", async () => {
+    await cancelledTask(victim, 'vic-3');
+    let end!: () => void;
+    const ended = new Promise<void>((r) => {
+      end = r;
+    });
+    let locked!: () => void;
+    const isLocked = new Promise<void>((r) => {
+      locked = r;
+    });
+    // Knowing only the victim's tenant id, the attacker's own session holds every lock name a
+    // hold on the victim could take (advisory locks are open to every role).
+    const holder = as[attacker]!.connection().execute(async (c) => {
+      for (const k of [`cairn.hold:${victim}:`, `cairn.hold:${victim}:vic-3`])
+        await sql`SELECT pg_advisory_lock(hashtext(${k}))`.execute(c);
+      locked();
+      await ended;
+      await sql`SELECT pg_advisory_unlock_all()`.execute(c);
+    });
+    await isLocked;
+    try {
+      const run = await within(15_000, runRetention({ db: t.db, actor: OPERATOR }));
+      expect(run.deferred).not.toContain('vic-3');
+      expect(await exists('vic-3')).toBe(false);
+      const hold = await within(
+        5_000,
+        placeHold(t.db, { tenantId: victim, reason: 'audit 2026-12', actor: OPERATOR }),
+      );
+      expect(hold.created).toBe(true);
+    } finally {
+      end();
+      await holder;
     }
   });
 });
