@@ -15,6 +15,7 @@ import * as m0013 from './0013_inbox_tenant_key_partial.js';
 import * as m0014 from './0014_cas_batch.js';
 import * as m0015 from './0015_tenant_writes.js';
 import * as m0016 from './0016_lease_tokens.js';
+import * as m0017 from './0017_tenant_rows_bounded.js';
 
 /**
  * Every migration, in order. Imported statically (not read from the folder) so the same
@@ -38,6 +39,7 @@ export const migrations: Record<string, Migration> = {
   '0014_cas_batch': m0014,
   '0015_tenant_writes': m0015,
   '0016_lease_tokens': m0016,
+  '0017_tenant_rows_bounded': m0017,
 };
 
 export const migrationProvider: MigrationProvider = {

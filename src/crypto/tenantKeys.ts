@@ -1,4 +1,5 @@
 import { randomBytes, randomUUID } from 'node:crypto';
+import { sql } from 'kysely';
 import { z } from 'zod';
 import type { Db } from '../db/database.js';
 import type { Executor } from '../db/executor.js';
@@ -188,7 +189,12 @@ export function createTenantKeys(options: TenantKeysOptions): TenantKeys {
 
     async shred(tenantId) {
       assertTenantId(tenantId);
-      const r = await db.deleteFrom('tenant_key').where('tenant_id', '=', tenantId).executeTakeFirst();
+      // Not while a legal hold names the tenant or one of its tasks (the keys' trigger, CN008):
+      // the tenant's row, locked as placeHold locks it, orders a hold being placed and a shred.
+      const r = await db.transaction().execute(async (trx) => {
+        await sql`SELECT 1 FROM tenant WHERE tenant_id = ${tenantId} FOR NO KEY UPDATE`.execute(trx);
+        return trx.deleteFrom('tenant_key').where('tenant_id', '=', tenantId).executeTakeFirst();
+      });
       for (const [id, k] of unwrapped) if (k.tenantId === tenantId) unwrapped.delete(id);
       return Number(r.numDeletedRows);
     },

@@ -9,6 +9,7 @@ import { DEFAULT_CLASSIFICATION } from '../../src/checkpoints/classification.js'
 import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys, type TenantKeys } from '../../src/crypto/tenantKeys.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';
+import { placeHold, releaseHold } from '../../src/retention/holds.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
@@ -176,6 +177,18 @@ describe('encryption at rest (AES-256-GCM, per-tenant data keys)', () => {
     const checkpointer = createCheckpointer({ db: t.db, keys: rotated });
     const list = await checkpointer.list('enc-1');
     expect((await checkpointer.verify(list[0]!, list[1])).ok).toBe(true);
+  });
+
+  it('crypto-shredding is refused while a legal hold names the tenant or one of its tasks', async () => {
+    for (const h of [{ tenantId: 'enc-a' }, { taskId: 'enc-1' }]) {
+      const hold = await placeHold(t.db, { ...h, reason: 'litigation 2026-417', actor: 'dpo' });
+      await expect(keys.shred('enc-a')).rejects.toThrow(
+        /tenant enc-a is under legal hold: its data keys stay/,
+      );
+      expect(await releaseHold(t.db, { ...h, actor: 'dpo' })).toBe(1);
+      expect(hold.created).toBe(true);
+    }
+    // Every key is still there: the next test shreds it.
   });
 
   it('crypto-shredding: without the data key the old ciphertext can never be read', async () => {

@@ -81,4 +81,54 @@ describe('a task under legal hold, and the tenant it belongs to', () => {
       outbox: expect.stringMatching(/permission denied/),
     });
   });
+
+  it("cannot rewrite a settled receipt's fence, nor a gated one's record; it may only add to a gate's resolution", async () => {
+    const store = createTaskStore({ db: asA });
+    await store.create({ task: newTask('gate-1', { tenant_id: 'tenant-a' }), actor: AGENT });
+    const paid = await createReceiptStore({ db: asA }).runOnce({
+      taskId: 'gate-1',
+      step: 'pay',
+      tool: 'payments.charge',
+      args: { amount: 7 },
+      onUncertain: 'gate',
+      effect: async () => ({ charged: 7 }),
+    });
+    expect(paid.status).toBe('succeeded');
+    // A receipt waiting for a human, as the library leaves one (moved here by the owner).
+    await sql`INSERT INTO tool_receipt (receipt_id, idempotency_key, task_id, step, tool, args_digest, status,
+                                        worker, tenant_id, fencing_token)
+              VALUES ('00000000-0000-4000-8000-00000000a001', 'gate-1/ship', 'gate-1', 'ship', 'deployer', 'sha256:aa',
+                      'started', 'w1', 'tenant-a', 7)`.execute(t.db);
+    await sql`UPDATE tool_receipt SET status = 'uncertain', error = 'the call was cut off'
+               WHERE idempotency_key = 'gate-1/ship'`.execute(t.db);
+    await sql`UPDATE tool_receipt SET status = 'gated', resolution = 'waiting for a human decision'
+               WHERE idempotency_key = 'gate-1/ship'`.execute(t.db);
+    const attempt = (q: ReturnType<typeof sql>) =>
+      q.execute(asA).then(
+        (r) => Number(r.numAffectedRows),
+        (e: Error) => e.message,
+      );
+    const tries = {
+      settledFence: await attempt(sql`UPDATE tool_receipt SET fencing_token = 999,
+          lease_id = '33333333-3333-4333-8333-333333333333', lease_task_id = 'other', lease_branch = 'x'
+         WHERE task_id = 'gate-1' AND step = 'pay'`),
+      gatedRecord: await attempt(sql`UPDATE tool_receipt SET error = 'it ran fine', worker = 'w9', attempt = 5
+         WHERE idempotency_key = 'gate-1/ship'`),
+      gatedResolutionRewritten: await attempt(sql`UPDATE tool_receipt SET resolution = 'approved by the DPO'
+         WHERE idempotency_key = 'gate-1/ship'`),
+      gatedResolutionAdded:
+        await attempt(sql`UPDATE tool_receipt SET resolution = resolution || '; attempt 2 later reported success'
+         WHERE idempotency_key = 'gate-1/ship'`),
+    };
+    expect(tries).toEqual({
+      settledFence: expect.stringMatching(/is settled \(succeeded\): what it records never changes/),
+      gatedRecord: expect.stringMatching(/is gated: what it records never changes/),
+      gatedResolutionRewritten: expect.stringMatching(/is gated: what it records never changes/),
+      gatedResolutionAdded: 1,
+    });
+    // The operator keeps their hand on it.
+    await sql`UPDATE tool_receipt SET resolution = 'checked by the DPO' WHERE idempotency_key = 'gate-1/ship'`.execute(
+      t.db,
+    );
+  });
 });

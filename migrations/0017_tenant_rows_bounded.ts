@@ -1,0 +1,99 @@
+import { type Kysely, sql } from 'kysely';
+import { targetSchema } from './schema.js';
+
+/** 2^52: no lease counted one acquisition at a time gets near it; the tokens above it were written by hand. */
+const COUNTED = '4503599627370496';
+
+/**
+ * What a tenant's own rows could still do to others, or to the record (review of session 12):
+ * - Fencing tokens: 0016 started the token sequence past the largest token in task_lease,
+ *   whose rows are the tenants' to write. A tenant that had set its own lease's token near
+ *   2^53 put the sequence at its maximum, and every acquireLease of every tenant failed
+ *   (test/leases/plantedToken). The sequence starts again past the tokens leases could have
+ *   reached by counting (below 2^52): a lease row still takes the greater of its own token + 1
+ *   and the sequence, so a task whose token was set higher by hand only keeps its own, and a
+ *   token past what a JavaScript number holds exactly (2^53 - 1) is refused from now on.
+ * - Settled receipts: 0015 froze what a succeeded or compensated receipt records, but not the
+ *   lease it ran under (fencing token, lease id, task and branch), shown to operators as
+ *   evidence. Now nothing of a settled receipt changes for a tenant's role, and of a gated one
+ *   (waiting for a human, who reads it to decide) only its resolution may grow: the library
+ *   adds what a late attempt reported, and nothing already written is rewritten
+ *   (test/tenancy/heldRewrite).
+ * - Crypto-shredding under a legal hold: deleting a tenant's data keys destroys its encrypted
+ *   data as surely as deleting the rows, and no hold stopped it. A key is not deleted while a
+ *   hold names its tenant or one of its tasks (CN008; test/tenancy/encryption).
+ */
+export async function up(db: Kysely<unknown>): Promise<void> {
+  const S = await targetSchema(db);
+  await sql`
+    SELECT setval('lease_token', greatest(
+      (SELECT coalesce(max(fencing_token), 0) + 1 FROM task_lease WHERE fencing_token < ${sql.lit(COUNTED)}::bigint),
+      (SELECT CASE WHEN last_value >= ${sql.lit(COUNTED)}::bigint THEN 1 WHEN is_called THEN last_value + 1 ELSE last_value END
+         FROM lease_token)), false);
+    ALTER TABLE task_lease ADD CONSTRAINT task_lease_token_range
+      CHECK (fencing_token BETWEEN 0 AND 9007199254740991) NOT VALID;
+    ALTER TABLE tool_receipt ADD CONSTRAINT tool_receipt_token_range
+      CHECK (fencing_token BETWEEN 0 AND 9007199254740991) NOT VALID;
+
+    CREATE OR REPLACE FUNCTION cairn_receipt_guard() RETURNS trigger LANGUAGE plpgsql
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
+    DECLARE
+      t ${S}.receipt_transition;
+      n ${S}.tool_receipt;
+      o ${S}.tool_receipt;
+    BEGIN
+      IF TG_OP = 'INSERT' THEN
+        IF NEW.status <> 'started' THEN
+          RAISE EXCEPTION 'a new receipt starts as started, not %', NEW.status USING ERRCODE = 'CN010';
+        END IF;
+        RETURN NEW;
+      END IF;
+      IF NEW.receipt_id <> OLD.receipt_id OR NEW.idempotency_key <> OLD.idempotency_key
+         OR NEW.task_id <> OLD.task_id OR NEW.tenant_id IS DISTINCT FROM OLD.tenant_id THEN
+        RAISE EXCEPTION 'receipt %: its id, key, task and tenant never change', OLD.receipt_id USING ERRCODE = 'CN010';
+      END IF;
+      IF NEW.status = OLD.status THEN
+        IF OLD.status IN ('succeeded', 'compensated', 'gated') AND ${S}.cairn_is_app_role()
+           AND ((NEW.*) IS DISTINCT FROM (OLD.*)) THEN
+          -- Of a gated receipt, its resolution may grow: what is written stays as it is.
+          n := NEW;
+          o := OLD;
+          n.resolution := NULL;
+          o.resolution := NULL;
+          IF OLD.status = 'gated' AND n IS NOT DISTINCT FROM o
+             AND starts_with(coalesce(NEW.resolution, ''), coalesce(OLD.resolution, ''))
+             AND (NEW.resolution IS NOT NULL OR OLD.resolution IS NULL) THEN
+            RETURN NEW;
+          END IF;
+          RAISE EXCEPTION 'receipt % is %: what it records never changes', OLD.receipt_id,
+            CASE WHEN OLD.status = 'gated' THEN 'gated' ELSE 'settled (' || OLD.status || ')' END
+            USING ERRCODE = 'CN010';
+        END IF;
+        RETURN NEW;
+      END IF;
+      SELECT * INTO t FROM ${S}.receipt_transition WHERE from_status = OLD.status AND to_status = NEW.status;
+      IF NOT FOUND THEN
+        RAISE EXCEPTION 'receipt % cannot move from % to %', OLD.receipt_id, OLD.status, NEW.status
+          USING ERRCODE = 'CN010';
+      END IF;
+      IF t.operator_only AND ${S}.cairn_is_app_role() THEN
+        RAISE EXCEPTION 'receipt % is gated: only an operator resolves it (% -> % refused for %)',
+          OLD.receipt_id, OLD.status, NEW.status, session_user USING ERRCODE = '42501';
+      END IF;
+      RETURN NEW;
+    END
+    $fn$;
+
+    CREATE FUNCTION cairn_key_hold_guard() RETURNS trigger LANGUAGE plpgsql
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
+    BEGIN
+      IF EXISTS (SELECT 1 FROM ${S}.legal_hold WHERE tenant_id = OLD.tenant_id AND released_at IS NULL) THEN
+        RAISE EXCEPTION 'tenant % is under legal hold: its data keys stay (the data they encrypted must stay readable)',
+          OLD.tenant_id USING ERRCODE = 'CN008';
+      END IF;
+      RETURN OLD;
+    END
+    $fn$;
+    CREATE TRIGGER tenant_key_hold BEFORE DELETE ON tenant_key FOR EACH ROW EXECUTE FUNCTION cairn_key_hold_guard();
+  `.execute(db);
+}

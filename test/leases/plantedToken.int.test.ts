@@ -1,0 +1,86 @@
+/**
+ * Migration 0016 started the one sequence fencing tokens come from past every token in
+ * task_lease. Those rows are a tenant's to write (UPDATE of fencing_token is granted; only a
+ * decrease is refused): a tenant that set its own lease's token near 2^53 before the upgrade
+ * put the sequence at its maximum, and every tenant's acquireLease failed from then on.
+ * Migration 0017 starts it again past the tokens a lease could have reached by counting, and
+ * a token past what JavaScript numbers hold exactly is refused.
+ */
+import { Migrator, sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { migrationProvider } from '../../migrations/index.js';
+import { MIGRATION_LOCK_TABLE, MIGRATION_TABLE } from '../../src/db/adoptLegacyMigrations.js';
+import type { Db } from '../../src/db/database.js';
+import { migrateToLatest } from '../../src/db/migrate.js';
+import { schemaOf } from '../../src/db/tenant.js';
+import { createLeaseManager } from '../../src/leases/leases.js';
+import { createTaskStore } from '../../src/state/taskStore.js';
+import { AGENT, newTask } from '../state/fixtures.js';
+import { twoTenants } from '../support/tenants.js';
+import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+
+let t: TestDatabase;
+let app: Db;
+let asA: Db;
+let asB: Db;
+
+beforeAll(async () => {
+  t = await createTestDatabase('planted_token', { migrate: false });
+  await sql`CREATE SCHEMA ${sql.id(schemaOf(t.db))}`.execute(t.db);
+  const before = new Migrator({
+    db: t.db,
+    provider: migrationProvider,
+    migrationTableSchema: schemaOf(t.db),
+    migrationTableName: MIGRATION_TABLE,
+    migrationLockTableName: MIGRATION_LOCK_TABLE,
+  });
+  const { error } = await before.migrateTo('0015_tenant_writes');
+  if (error) throw error;
+  ({ app, asA, asB } = await twoTenants(t, 2));
+  // Before the upgrade: tenant A's own task and lease, its token set by its own SQL.
+  await createTaskStore({ db: asA }).create({
+    task: newTask('a-1', { tenant_id: 'tenant-a' }),
+    actor: AGENT,
+  });
+  await sql`INSERT INTO task_lease (task_id, branch, holder, lease_id, fencing_token, expires_at)
+            VALUES ('a-1', 'main', 'w', gen_random_uuid(), 1, now())`.execute(asA);
+  await sql`UPDATE task_lease SET fencing_token = 9007199254740990 WHERE task_id = 'a-1'`.execute(asA);
+  // And a lease of B's that counted to 41 the old way.
+  await createTaskStore({ db: asB }).create({
+    task: newTask('b-0', { tenant_id: 'tenant-b' }),
+    actor: AGENT,
+  });
+  await sql`INSERT INTO task_lease (task_id, branch, holder, lease_id, fencing_token, expires_at)
+            VALUES ('b-0', 'main', null, null, 41, now())`.execute(asB);
+  await migrateToLatest(t.db);
+});
+afterAll(async () => {
+  await app?.destroy();
+  await t?.drop();
+});
+
+describe("a tenant's planted fencing token and the token sequence", () => {
+  it("another tenant's leases are still given, with tokens past every counted one", async () => {
+    await createTaskStore({ db: asB }).create({
+      task: newTask('b-1', { tenant_id: 'tenant-b' }),
+      actor: AGENT,
+    });
+    const leases = createLeaseManager({ db: asB });
+    const got = await leases.acquire({ taskId: 'b-1', branch: 'main', agentId: 'w', ttlMs: 60_000 });
+    expect(got.ok).toBe(true);
+    if (got.ok) expect(got.fencingToken).toBeGreaterThan(41);
+    if (got.ok) expect(got.fencingToken).toBeLessThan(2 ** 40);
+    const again = await leases.acquire({ taskId: 'b-0', branch: 'main', agentId: 'w', ttlMs: 60_000 });
+    expect(again.ok && again.fencingToken > 41).toBe(true);
+  });
+
+  it('a token past 2^53 - 1 is refused', async () => {
+    const r = await sql`UPDATE task_lease SET fencing_token = 9007199254740993 WHERE task_id = 'a-1'`
+      .execute(asA)
+      .then(
+        () => 'updated',
+        (e: Error) => e.message,
+      );
+    expect(r).toMatch(/task_lease_token_range/);
+  });
+});
