@@ -147,10 +147,19 @@ export class NotFoundError extends CairnError {
   }
 }
 
-/** Postgres or Kafka could not be reached, or the connection dropped: the caller may retry. */
+/**
+ * Postgres, Kafka or a key provider could not be reached, or the connection dropped: the caller
+ * may retry. `refused` tells a dependency that answered and said no (a key provider that denies
+ * a tenant's key, or does not have it) from one that did not answer: it is up, and what it
+ * refuses may be set right (a key enabled again), but waiting for it is not waiting out an outage.
+ */
 export class UnavailableError extends CairnError {
-  constructor(message: string, cause?: unknown) {
+  /** The dependency answered and refused; false when it did not answer (an outage). */
+  readonly refused: boolean;
+
+  constructor(message: string, cause?: unknown, opts: { refused?: boolean } = {}) {
     super('unavailable', message, { retriable: true, cause });
+    this.refused = opts.refused ?? false;
   }
 }
 

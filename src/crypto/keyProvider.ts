@@ -8,6 +8,11 @@ import { assertOwnerOnly, replaceKeyringFile } from './keyringFile.js';
 /**
  * Key-encryption keys (KEKs): they wrap and unwrap tenants' data keys and never leave the
  * provider. A cloud KMS fits the same three calls (Encrypt/Decrypt with a key id).
+ *
+ * A provider that answers "no" (access denied, a disabled or unknown key) throws an error that
+ * says so: its HTTP status (4xx, as `status`, `statusCode` or AWS's `$metadata.httpStatusCode`),
+ * or a name such as `AccessDeniedError` or `KeyNotFoundError`. Any other error is taken to mean
+ * that the provider did not answer: an outage, which an inbox consumer waits out.
  */
 export interface KeyProvider {
   /** The KEK new data keys are wrapped with, and that rotation rewraps to. */

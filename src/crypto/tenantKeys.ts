@@ -7,6 +7,7 @@ import { assertTenantId, assertTenantKnown, registerTenant } from '../db/tenant.
 import { CairnError, messageOf, UnavailableError } from '../errors.js';
 import { objectWith, opt, optionsSchema, parseOptions } from '../options.js';
 import { type KeyProvider, open, seal } from './keyProvider.js';
+import { refusedByProvider } from './providerRefusal.js';
 
 export interface Sealed {
   keyId: string;
@@ -47,9 +48,12 @@ const TenantKeysOptionsSchema = optionsSchema<TenantKeysOptions>()(
 
 /**
  * The provider's calls with their failures told apart: an error of Cairn's (a key not in the
- * keyring, a wrapped key that does not open) says what is wrong; anything else (a KMS that does
- * not answer, the network) is an outage: UnavailableError, retriable, never taken for
- * corruption (an inbox handler waits for it instead of spending its message's attempts).
+ * keyring, a wrapped key that does not open) says what is wrong; anything else is an
+ * UnavailableError, retriable, never taken for corruption (an inbox handler waits for it
+ * instead of spending its message's attempts). Its `refused` says whether the provider
+ * answered and said no (access denied, a disabled key: refusedByProvider) or did not answer
+ * (a KMS out of reach, the network): past its bound the inbox consumer gives a refused
+ * message up, and waits out an outage nothing else gets through.
  */
 function outagesNamed(p: KeyProvider): KeyProvider {
   const call = async <T>(what: string, f: () => Promise<T>): Promise<T> => {
@@ -57,6 +61,13 @@ function outagesNamed(p: KeyProvider): KeyProvider {
       return await f();
     } catch (err) {
       if (err instanceof CairnError) throw err;
+      if (refusedByProvider(err)) {
+        throw new UnavailableError(
+          `the key provider refused (${what}): ${messageOf(err)}; check that the key is enabled and that this process may use it`,
+          err,
+          { refused: true },
+        );
+      }
       throw new UnavailableError(`the key provider did not answer (${what}): ${messageOf(err)}`, err);
     }
   };
