@@ -8,7 +8,7 @@ import {
   SqlState,
   sqlState,
 } from '../src/db/sqlstate.js';
-import { CairnError, mayRetry, messageOf } from '../src/errors.js';
+import { CairnError, mayRetry, messageOf, UnavailableError } from '../src/errors.js';
 import type { ReceivedBatch } from '../src/kafka/subscriber.js';
 import { silentLogger } from '../src/logger.js';
 import { parseOptions } from '../src/options.js';
@@ -16,6 +16,7 @@ import { untilReachable } from '../src/startup/untilReachable.js';
 import { consumptionMark } from '../src/state/changelog.js';
 import { chunkSizer } from './chunkSize.js';
 import { deadLetterer } from './deadLetterMessage.js';
+import { type DependencyWait, dependencyWait, dependencyWaiter } from './dependencyWait.js';
 import { type BatchHeartbeat, batchHeartbeat } from './heartbeat.js';
 import { InboxConsumerOptionsSchema } from './options.js';
 import { applyTracing } from './processSpan.js';
@@ -49,6 +50,14 @@ import type {
 } from './inboxTypes.js';
 
 const SEVEN_DAYS_MS = 7 * 24 * 3600 * 1000;
+
+/** One onBatch call: what the messages of a batch share while it is applied. */
+interface BatchRun {
+  isActive(): boolean;
+  heartbeat: BatchHeartbeat;
+  /** Its wait for a dependency other than Postgres, ended only by its own commits. */
+  wait: DependencyWait;
+}
 
 /**
  * Makes an inbox consumer; nothing connects until run(). Call stop() to end it. Name your
@@ -86,6 +95,14 @@ export function createInboxConsumerWithTestHooks(
   let pruneTimer: NodeJS.Timeout | undefined;
   let waitingForDb = false;
   const stopWaiting = new AbortController();
+  const dependencies = dependencyWaiter({
+    log,
+    signal: stopWaiting.signal,
+    maxAttempts,
+    retryBaseMs,
+    retryMaxMs,
+    applied: () => stats.applied,
+  });
   const traced = applyTracing(groupId);
   const deadLetters = deadLetterer({
     db,
@@ -151,8 +168,8 @@ export function createInboxConsumerWithTestHooks(
     return { counts, latencies };
   }
 
-  function committed(r: { counts: InboxCommitCounts; latencies: number[] }): void {
-    dependencyWaits = 0;
+  function committed(r: { counts: InboxCommitCounts; latencies: number[] }, run: BatchRun): void {
+    dependencies.committed(run.wait);
     traced.committed(r.latencies);
     addCounts(r.counts);
   }
@@ -192,16 +209,18 @@ export function createInboxConsumerWithTestHooks(
    * at once (a handler's own call to another service, a pooled connection that died) is the
    * message's. 'waited': Postgres was down and answers again; 'stopped': stop() ended the wait.
    */
-  async function outage(err: unknown, heartbeat?: BatchHeartbeat): Promise<'none' | 'waited' | 'stopped'> {
-    if (err instanceof CairnError && err.code === 'unavailable') return dependencyBack(err, heartbeat);
+  async function outage(err: unknown, run: BatchRun): Promise<'none' | 'waited' | 'stopped'> {
+    if (err instanceof CairnError && err.code === 'unavailable') {
+      return dependencyBack(err, run, err instanceof UnavailableError && err.refused);
+    }
     const readOnly = sqlState(err) === SqlState.readOnlyTransaction;
     if (!isConnectionLoss(err) && !readOnly) return 'none';
     try {
       await (readOnly ? pingWritable : pingDatabase)(db);
       // Read-only a moment ago, writable now (a promotion just finished): not the message's,
       // waited for with backoff and a bound (a handler writing to another server that stays
-      // read-only must neither spin nor hold the partition for good).
-      return readOnly ? dependencyBack(err, heartbeat) : 'none';
+      // read-only must neither spin nor hold the partition for good). It answered: not an outage.
+      return readOnly ? dependencyBack(err, run, true) : 'none';
     } catch {
       log.warn({ err: messageOf(err) }, 'postgres went away: waiting for it; no attempt is counted');
     }
@@ -210,38 +229,12 @@ export function createInboxConsumerWithTestHooks(
     return back === 'reached' ? 'waited' : 'stopped';
   }
 
-  /** Waits since the last commit for a dependency other than Postgres (dependencyBack). */
-  let dependencyWaits = 0;
-  let dependencyWaitSince = 0;
   /**
-   * Another dependency the handler needs is down (a key provider that does not answer:
-   * UnavailableError): no attempt is counted; the chunk waits, with capped backoff and the
-   * batch's heartbeat going, and runs again. Not forever: what Cairn cannot tell from an outage
-   * (a key provider that refuses one tenant's key) would hold every message behind it. Past
-   * 4 x maxAttempts x retryMaxMs without a commit (100 s by default), the attempts count and
-   * the message is dead-lettered after them (`cairn inbox replay` sends it again).
+   * Another dependency the handler needs is down (a key provider: UnavailableError): waited
+   * for, per batch and bounded (dependencyWait.ts). `refused`: it answered, and said no.
    */
-  async function dependencyBack(
-    err: unknown,
-    heartbeat?: BatchHeartbeat,
-  ): Promise<'none' | 'waited' | 'stopped'> {
-    if (dependencyWaits === 0) dependencyWaitSince = performance.now();
-    if (performance.now() - dependencyWaitSince > 4 * maxAttempts * retryMaxMs) return 'none';
-    const ms = Math.min(retryMaxMs * 2, retryBaseMs * 2 ** Math.min(dependencyWaits++, 16));
-    log.warn(
-      { err: messageOf(err), retry_in_ms: ms },
-      'a dependency is unavailable: waiting; no attempt is counted',
-    );
-    try {
-      const until = performance.now() + ms * (0.8 + Math.random() * 0.2);
-      for (let left = until - performance.now(); left > 0; left = until - performance.now()) {
-        heartbeat?.beat();
-        await sleep(Math.min(left, 500), undefined, { signal: stopWaiting.signal });
-      }
-      return 'waited';
-    } catch {
-      return 'stopped';
-    }
+  function dependencyBack(err: unknown, run: BatchRun, refused: boolean) {
+    return dependencies.back(err, run.wait, { refused, beat: () => run.heartbeat.beat() });
   }
 
   /**
@@ -249,19 +242,15 @@ export function createInboxConsumerWithTestHooks(
    * false when it was neither applied nor dead-lettered (a stop, or the partition lost while
    * Postgres was down): the caller hands the rest of the batch back.
    */
-  async function applyAlone(
-    m: InboxMessage,
-    isActive: () => boolean,
-    heartbeat?: BatchHeartbeat,
-  ): Promise<boolean> {
+  async function applyAlone(m: InboxMessage, run: BatchRun): Promise<boolean> {
     for (let attempt = 1; ; attempt++) {
       try {
-        committed(await db.transaction().execute((trx) => applyChunk(trx, [m])));
+        committed(await db.transaction().execute((trx) => applyChunk(trx, [m])), run);
         return true;
       } catch (err) {
-        const down = await outage(err, heartbeat);
+        const down = await outage(err, run);
         if (down !== 'none') {
-          if (down === 'stopped' || !isActive()) return false;
+          if (down === 'stopped' || !run.isActive()) return false;
           attempt--;
           continue;
         }
@@ -271,9 +260,10 @@ export function createInboxConsumerWithTestHooks(
             await deadLetters.send(m, err, attempt);
           } catch (failed) {
             // Postgres went away while it was dead-lettered: read again later, nothing lost.
-            if ((await outage(failed)) === 'none') throw failed;
+            if ((await outage(failed, run)) === 'none') throw failed;
             return false;
           }
+          dependencies.gaveUp(run.wait);
           return true;
         }
         stats.retries++;
@@ -288,6 +278,16 @@ export function createInboxConsumerWithTestHooks(
   async function onBatch(batch: ReceivedBatch): Promise<void> {
     const messages = batch.messages.map(toInboxMessage);
     const heartbeat = batchHeartbeat(batch, log);
+    const run: BatchRun = { isActive: batch.isActive, heartbeat, wait: dependencyWait() };
+    try {
+      await applyBatch(batch, messages, run);
+    } finally {
+      dependencies.ended(run.wait);
+    }
+  }
+
+  async function applyBatch(batch: ReceivedBatch, messages: InboxMessage[], run: BatchRun): Promise<void> {
+    const { heartbeat } = run;
     for (let i = 0; i < messages.length; ) {
       if (!batch.isActive() || heartbeat.failed()) return;
       const chunk = messages.slice(i, i + chunks.next());
@@ -297,12 +297,12 @@ export function createInboxConsumerWithTestHooks(
       try {
         const started = performance.now();
         const r = await db.transaction().execute((trx) => applyChunk(trx, chunk, heartbeat));
-        committed(r);
+        committed(r, run);
         // Paced by handled messages: growing on a chunk of duplicates ran past the session.
         if (r.counts.applied > 0) chunks.took(r.counts.applied, performance.now() - started);
       } catch (err) {
         // Postgres went away: once it answers, the whole chunk again.
-        const down = await outage(err, heartbeat);
+        const down = await outage(err, run);
         if (down === 'stopped') return;
         if (down === 'waited') {
           i -= chunk.length;
@@ -317,7 +317,7 @@ export function createInboxConsumerWithTestHooks(
         done = 0;
         for (const m of chunk) {
           if (!batch.isActive() || (done > 0 && heartbeat.failed())) break;
-          if (!(await applyAlone(m, batch.isActive, heartbeat))) break;
+          if (!(await applyAlone(m, run))) break;
           done++;
           heartbeat.beat();
         }
@@ -369,7 +369,14 @@ export function createInboxConsumerWithTestHooks(
       await deadLetters.disconnect();
     },
     stats: () => ({ ...stats }),
-    waitingFor: () => (waitingForDb ? 'postgres' : options.subscriber.waiting() ? 'kafka' : null),
+    waitingFor: () =>
+      waitingForDb
+        ? 'postgres'
+        : options.subscriber.waiting()
+          ? 'kafka'
+          : dependencies.waiting()
+            ? 'dependency'
+            : null,
   };
   return traced.attach(consumer);
 }

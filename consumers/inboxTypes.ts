@@ -121,6 +121,11 @@ export interface InboxConsumer {
   stop(): Promise<void>;
   /** A copy of the counters now. */
   stats(): InboxStats;
-  /** What run() is waiting for because it did not answer yet; null once both did (or before run()). */
-  waitingFor(): Dependency | null;
+  /**
+   * What the consumer waits for because it does not answer: Postgres or the broker (at start,
+   * or Postgres gone while running), or `'dependency'` while a batch waits for another one its
+   * handler needs (a key provider that fails: an `UnavailableError`); null when nothing is
+   * waited for (or before run()).
+   */
+  waitingFor(): Dependency | 'dependency' | null;
 }

@@ -39,12 +39,12 @@ export function inboxMetrics(
   );
   new Gauge({
     name: 'cairn_inbox_waiting_for',
-    help: '1 while the consumer waits at start for a dependency (postgres, kafka) that does not answer',
+    help: '1 while the consumer waits for a dependency that does not answer (postgres, kafka, or dependency: one its handler needs, such as a key provider)',
     labelNames: ['group', 'dependency'],
     registers: [registry],
     collect() {
       const waiting = consumer.waitingFor();
-      for (const dependency of ['postgres', 'kafka'] as const) {
+      for (const dependency of ['postgres', 'kafka', 'dependency'] as const) {
         this.set({ group: opts.groupId, dependency }, waiting === dependency ? 1 : 0);
       }
     },

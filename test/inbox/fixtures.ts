@@ -127,3 +127,26 @@ export function stubMessages(prefix: string, n: number): ReceivedMessage[] {
     headers: { 'cairn-message-id': `${prefix}-${i}` },
   }));
 }
+
+/**
+ * A new topic with one partition per entry of `partitions`, holding that entry's values in
+ * order (key `p<partition>`). Returns the topic's name.
+ */
+export async function topicOfPartitions(name: string, partitions: readonly string[][]): Promise<string> {
+  const topic = uniqueTopic(name);
+  const kafka = kafkaClient(kafkaBrokers(), 'inbox-test-producer');
+  const admin = kafka.admin();
+  await admin.connect();
+  await createTopicsAndWait(admin, [{ topic, numPartitions: partitions.length }]);
+  await admin.disconnect();
+  const producer = kafka.producer();
+  await producer.connect();
+  for (const [partition, values] of partitions.entries())
+    for (let i = 0; i < values.length; i += 1000)
+      await producer.send({
+        topic,
+        messages: values.slice(i, i + 1000).map((value) => ({ partition, key: `p${partition}`, value })),
+      });
+  await producer.disconnect();
+  return topic;
+}

@@ -1,0 +1,63 @@
+import { describe, expect, it } from 'vitest';
+import { dependencyWait, dependencyWaiter, nextStep } from '../../consumers/dependencyWait.js';
+import { silentLogger } from '../../src/logger.js';
+
+const bound = { boundMs: 1000, refused: false };
+
+describe("a batch's wait for a dependency past its bound is the message's only when the dependency is evidently there", () => {
+  it('waits within the bound, whatever the others do', () => {
+    const w = dependencyWait();
+    expect(nextStep(w, { at: 0, applied: 5 }, bound)).toBe('wait');
+    w.tries = 3;
+    expect(nextStep(w, { at: 1000, applied: 50 }, { boundMs: 1000, refused: true })).toBe('wait');
+  });
+
+  it('past the bound: an outage while nothing was applied anywhere and nothing answered', () => {
+    const w = dependencyWait();
+    nextStep(w, { at: 0, applied: 5 }, bound);
+    w.tries = 1;
+    expect(nextStep(w, { at: 5000, applied: 5 }, bound)).toBe('outage');
+    expect(nextStep(w, { at: 5000, applied: 6 }, bound)).toBe('message');
+    expect(nextStep(w, { at: 5000, applied: 5 }, { boundMs: 1000, refused: true })).toBe('message');
+  });
+
+  it('a batch commit starts the next wait afresh; a message given up moves only the evidence', () => {
+    let applied = 5;
+    const waiter = dependencyWaiter({
+      log: silentLogger,
+      signal: new AbortController().signal,
+      maxAttempts: 1,
+      retryBaseMs: 1,
+      retryMaxMs: 250,
+      applied: () => applied,
+    });
+    const w = dependencyWait();
+    nextStep(w, { at: 0, applied }, bound);
+    w.tries = 1;
+    applied = 9; // applied elsewhere: the first message past the bound is given up
+    expect(nextStep(w, { at: 5000, applied }, bound)).toBe('message');
+    waiter.gaveUp(w);
+    // The next one is past the bound at once, but needs new evidence: none came, an outage.
+    expect(nextStep(w, { at: 5100, applied }, bound)).toBe('outage');
+    waiter.committed(w);
+    expect(nextStep(w, { at: 9000, applied }, bound)).toBe('wait');
+  });
+
+  it("says it waits while a batch does, and no more once the batch's message committed", async () => {
+    const waiter = dependencyWaiter({
+      log: silentLogger,
+      signal: new AbortController().signal,
+      maxAttempts: 1,
+      retryBaseMs: 1,
+      retryMaxMs: 250,
+      applied: () => 0,
+    });
+    const w = dependencyWait();
+    const waited = waiter.back(new Error('down'), w, { refused: false, beat: () => {} });
+    expect(waiter.waiting()).toBe(true);
+    expect(await waited).toBe('waited');
+    expect(waiter.waiting()).toBe(true);
+    waiter.committed(w);
+    expect(waiter.waiting()).toBe(false);
+  });
+});
