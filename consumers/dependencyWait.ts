@@ -31,7 +31,7 @@ export function dependencyWait(): DependencyWait {
 
 /**
  * What to do about one more failure of the dependency. Within `boundMs` of the wait's start,
- * wait. Past it, the failure is the message's only when the dependency evidently works or is
+ * wait, unless the dependency refused and others' messages are applied meanwhile. Past it, the failure is the message's only when the dependency evidently works or is
  * there: the consumer applied messages (on any partition) since the wait began, or the
  * dependency answered and refused (`refused`: a key provider denying one tenant's key). With
  * neither, it is an outage: dead-lettering then would take it for the messages' failure.
@@ -45,8 +45,12 @@ export function nextStep(
     w.since = now.at;
     w.appliedBefore = now.applied;
   }
-  if (now.at - w.since <= o.boundMs) return 'wait';
-  return o.refused || now.applied > w.appliedBefore ? 'message' : 'outage';
+  const othersApplied = now.applied > w.appliedBefore;
+  // Refused for this message while others are applied: the message's at once (its attempts,
+  // each retried with backoff): a tenant's own key policy must not hold the partition, nor the
+  // partitions fetched with it, for the whole bound, batch after batch.
+  if (now.at - w.since <= o.boundMs) return o.refused && othersApplied ? 'message' : 'wait';
+  return o.refused || othersApplied ? 'message' : 'outage';
 }
 
 /** What dependencyWaiter takes: the consumer's retry options, its log, its stop, its applied count. */

@@ -5,11 +5,20 @@ import { silentLogger } from '../../src/logger.js';
 const bound = { boundMs: 1000, refused: false };
 
 describe("a batch's wait for a dependency past its bound is the message's only when the dependency is evidently there", () => {
-  it('waits within the bound, whatever the others do', () => {
+  it('waits within the bound, whatever the others do, for a dependency that does not answer', () => {
     const w = dependencyWait();
     expect(nextStep(w, { at: 0, applied: 5 }, bound)).toBe('wait');
     w.tries = 3;
-    expect(nextStep(w, { at: 1000, applied: 50 }, { boundMs: 1000, refused: true })).toBe('wait');
+    expect(nextStep(w, { at: 1000, applied: 50 }, bound)).toBe('wait');
+  });
+
+  it('within the bound, a refusal while others are applied is the message\'s at once', () => {
+    const w = dependencyWait();
+    const refused = { boundMs: 1000, refused: true };
+    expect(nextStep(w, { at: 0, applied: 5 }, refused)).toBe('wait');
+    w.tries = 1;
+    expect(nextStep(w, { at: 100, applied: 5 }, refused)).toBe('wait');
+    expect(nextStep(w, { at: 200, applied: 6 }, refused)).toBe('message');
   });
 
   it('past the bound: an outage while nothing was applied anywhere and nothing answered', () => {
