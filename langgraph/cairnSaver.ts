@@ -255,7 +255,9 @@ export class CairnSaver extends BaseCheckpointSaver {
   /**
    * The checkpoint named by `checkpoint_id`, or the thread's newest one that verifies: a
    * corrupt newer one is skipped and recorded, as `resume` does. A checkpoint asked for by id
-   * that fails verification throws `checkpoint_invalid`; it is never returned.
+   * that fails verification throws `checkpoint_invalid`; it is never returned. One that verifies
+   * but that this saver's serializer cannot decode throws ConfigurationError and is not recorded:
+   * it is the reader's limitation, and the writer may go on from it.
    */
   async getTuple(config: RunnableConfig): Promise<CheckpointTuple | undefined> {
     const thread = config?.configurable?.thread_id;

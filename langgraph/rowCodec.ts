@@ -11,7 +11,7 @@ import { canonicalBytes } from '../src/canonical.js';
 import type { KeyRing } from '../src/checkpoints/signing.js';
 import type { TenantKeys } from '../src/crypto/tenantKeys.js';
 import type { Db } from '../src/db/database.js';
-import { CairnError, CairnErrorCodes } from '../src/errors.js';
+import { CairnError, CairnErrorCodes, ConfigurationError, messageOf } from '../src/errors.js';
 import {
   blobDigest,
   checkpointDigest,
@@ -127,14 +127,17 @@ export class RowCodec {
       );
     }
 
-    let checkpoint: Checkpoint;
-    let metadata: CheckpointMetadata;
-    try {
-      checkpoint = await this.ctx.serde.loadsTyped(cp.type, row.checkpoint);
-      metadata = await this.ctx.serde.loadsTyped(md.type, row.metadata);
-    } catch (err) {
-      return bad(`does not decode: ${(err as Error).message}`);
-    }
+    const at = { s, checkpointId: row.checkpoint_id };
+    const checkpoint: Checkpoint = await this.decode(
+      { ...at, what: 'its checkpoint' },
+      cp.type,
+      row.checkpoint,
+    );
+    const metadata: CheckpointMetadata = await this.decode(
+      { ...at, what: 'its metadata' },
+      md.type,
+      row.metadata,
+    );
     const versions = checkpoint.channel_versions ?? {};
     // The SQL copies (the blob join, list filters) must say what the verified bytes say.
     if (!sameJson(row.versions, versions))
@@ -177,7 +180,11 @@ export class RowCodec {
         return bad(`channel ${channel} (version ${version}) does not match its digest`);
       loaded.set(channel, d);
       if (type !== 'empty' && plain !== null)
-        channelValues[channel] = await this.ctx.serde.loadsTyped(type, plain);
+        channelValues[channel] = await this.decode(
+          { ...at, what: `channel ${channel} (version ${version})` },
+          type,
+          plain,
+        );
     }
     // The values this checkpoint wrote itself are named in its digest: none may be missing or replaced.
     for (const [channel, [version, d]] of Object.entries(row.blob_digests)) {
@@ -261,7 +268,37 @@ export class RowCodec {
     );
     if (d !== r.digest)
       return { ok: false, message: `pending write ${r.task_id}/${r.idx} does not match its digest` };
-    return { ok: true, row: r, value: await this.ctx.serde.loadsTyped(r.type, plain!) };
+    const value = await this.decode(
+      { s, checkpointId: r.checkpoint_id, what: `pending write ${r.task_id}/${r.idx}` },
+      r.type,
+      plain!,
+    );
+    return { ok: true, row: r, value };
+  }
+
+  /**
+   * A value that verified (digest, signature), decoded by the saver's serializer. A failure here
+   * is the reader's (a serializer of an older release that does not know what a newer one
+   * wrote), never the row's: it throws and nothing is recorded. Recorded as skipped_invalid, the
+   * checkpoint would be no head for cairn_lg_put for good, and the thread stuck once the reader
+   * is upgraded (invariant 13: a reader's limitation is not corruption).
+   */
+  private async decode(
+    at: { s: ThreadScope; checkpointId: string; what: string },
+    type: string,
+    bytes: Uint8Array,
+  ) {
+    try {
+      return await this.ctx.serde.loadsTyped(type, bytes);
+    } catch (err) {
+      const ns = at.s.ns === '' ? '' : ` (namespace ${at.s.ns})`;
+      throw new ConfigurationError(
+        `CairnSaver: checkpoint ${at.checkpointId} of thread ${at.s.thread}${ns} verifies, but ${at.what} ` +
+          `(type ${type}) does not decode with this saver's serializer: ${messageOf(err)}. It is not corrupt ` +
+          'and was neither skipped nor recorded: read the thread with the serializer (the release) that wrote it',
+        err,
+      );
+    }
   }
 
   /** Checkpoints before format 4 kept pending sends as the parent's TASKS writes. */

@@ -16,6 +16,7 @@ import * as m0014 from './0014_cas_batch.js';
 import * as m0015 from './0015_tenant_writes.js';
 import * as m0016 from './0016_lease_tokens.js';
 import * as m0017 from './0017_tenant_rows_bounded.js';
+import * as m0018 from './0018_lg_head_reader_marks.js';
 
 /**
  * Every migration, in order. Imported statically (not read from the folder) so the same
@@ -40,6 +41,7 @@ export const migrations: Record<string, Migration> = {
   '0015_tenant_writes': m0015,
   '0016_lease_tokens': m0016,
   '0017_tenant_rows_bounded': m0017,
+  '0018_lg_head_reader_marks': m0018,
 };
 
 export const migrationProvider: MigrationProvider = {
