@@ -210,7 +210,9 @@ export function createInboxConsumerWithTestHooks(
    * message's. 'waited': Postgres was down and answers again; 'stopped': stop() ended the wait.
    */
   async function outage(err: unknown, run: BatchRun): Promise<'none' | 'waited' | 'stopped'> {
-    if (err instanceof CairnError && err.code === 'unavailable') {
+    // A data key that does not unwrap under this process's keyring (key_unavailable) is waited
+    // for like a key provider that does not answer: the same bound, the same evidence.
+    if (err instanceof CairnError && (err.code === 'unavailable' || err.code === 'key_unavailable')) {
       return dependencyBack(err, run, err instanceof UnavailableError && err.refused);
     }
     const readOnly = sqlState(err) === SqlState.readOnlyTransaction;

@@ -79,8 +79,9 @@ export class RowCodec {
   }
 
   /**
-   * The plaintext of a stored value. A key provider that is down throws (UnavailableError):
-   * an outage is never taken for corruption. Bytes that do not decrypt are corruption.
+   * The plaintext of a stored value. A key provider that is down (UnavailableError) or a data
+   * key that does not unwrap under its keyring (key_unavailable) throws: an outage is never
+   * taken for corruption. Only a payload that fails its own authentication is corruption.
    */
   private async open(
     bytes: Buffer | null,

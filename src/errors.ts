@@ -48,9 +48,15 @@ export const CairnErrorCodes = {
   OutcomeUnknown: 'outcome_unknown',
   /** A data key, key-encryption key or signing key that is not there (shredded, or not configured). */
   KeyMissing: 'key_missing',
+  /**
+   * A tenant's data key that does not unwrap under the key provider's key-encryption key (a
+   * keyring of another region or deployment under the same key ids, a KMS key that refuses):
+   * nothing was decrypted and nothing is concluded about the data, an outage (retriable).
+   */
+  KeyUnavailable: 'key_unavailable',
   /** A data key of another tenant was offered: nothing was decrypted. */
   WrongTenantKey: 'wrong_tenant_key',
-  /** Ciphertext that does not decrypt (wrong key, altered bytes, not Cairn's format). */
+  /** A payload that fails its own authentication under its data key (altered bytes, not Cairn's format): corruption. */
   DecryptionFailed: 'decryption_failed',
   /** Confidential data where no tenant keys were configured to encrypt it. */
   EncryptionRequired: 'encryption_required',

@@ -20,9 +20,10 @@ export const ExitCode = {
 
 /**
  * Codes of Cairn's errors that say a dependency is not there now (the key provider's file
- * unreadable): nothing was concluded, as for `unavailable`.
+ * unreadable, a data key that does not unwrap under its keyring): nothing was concluded, as
+ * for `unavailable`.
  */
-const UNAVAILABLE_CODES = new Set(['unavailable', 'keyring_unreadable']);
+const UNAVAILABLE_CODES = new Set(['unavailable', 'keyring_unreadable', 'key_unavailable']);
 
 export function exitCodeFor(err: unknown): number {
   // Postgres went away (a session terminated, refused, too many connections), stalled past a

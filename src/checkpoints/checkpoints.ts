@@ -363,7 +363,7 @@ export function createCheckpointerWithTestHooks(
 }
 
 /** Codes of errors that mean "a key or its provider is not there now", not "the data is wrong". */
-const OUTAGE_CODES = new Set(['key_missing', 'keyring_unreadable', 'unavailable']);
+const OUTAGE_CODES = new Set(['key_missing', 'key_unavailable', 'keyring_unreadable', 'unavailable']);
 
 /**
  * An outage is never taken for corruption: an error of Cairn's that says the data is wrong

@@ -130,9 +130,30 @@ export function localKeyring(path: string): KeyProvider {
   return {
     currentKekId: async () => data.current,
     wrap: async (id, dataKey, context) => seal(kek(id), dataKey, `kek:${id}:${context}`),
-    unwrap: async (id, wrapped, context) =>
-      open(kek(id), wrapped, `kek:${id}:${context}`, `data key ${context}`),
+    unwrap: async (id, wrapped, context) => {
+      const key = kek(id);
+      try {
+        return open(key, wrapped, `kek:${id}:${context}`, `data key ${context}`);
+      } catch (err) {
+        throw keyUnavailable(`key-encryption key ${id} of keyring ${path}`, context, err);
+      }
+    },
   };
+}
+
+/**
+ * A data key that does not unwrap: the key-encryption key under its id is not the one that
+ * wrapped it (a keyring of another region or deployment), or its wrapped bytes were altered.
+ * Either way nothing is known of the data it protects, so it is an outage (`key_unavailable`,
+ * retriable), never `decryption_failed`: readers would take every row of the tenant for corrupt.
+ */
+export function keyUnavailable(kek: string, context: string, cause: unknown): CairnError {
+  return new CairnError(
+    'key_unavailable',
+    `data key ${context} does not unwrap under ${kek}: it holds another key under that id (a keyring ` +
+      'of another region or deployment?), or the wrapped key was altered. Nothing was decrypted and the data it protects was not judged: use the keyring (KMS key) that wrapped it',
+    { retriable: true, cause },
+  );
 }
 
 /**

@@ -6,7 +6,7 @@ import type { Executor } from '../db/executor.js';
 import { assertTenantId, assertTenantKnown, registerTenant } from '../db/tenant.js';
 import { CairnError, messageOf, UnavailableError } from '../errors.js';
 import { objectWith, opt, optionsSchema, parseOptions } from '../options.js';
-import { type KeyProvider, open, seal } from './keyProvider.js';
+import { type KeyProvider, keyUnavailable, open, seal } from './keyProvider.js';
 import { refusedByProvider } from './providerRefusal.js';
 
 export interface Sealed {
@@ -54,6 +54,8 @@ const TenantKeysOptionsSchema = optionsSchema<TenantKeysOptions>()(
  * answered and said no (access denied, a disabled key: refusedByProvider) or did not answer
  * (a KMS out of reach, the network): past its bound the inbox consumer gives a refused
  * message up, and waits out an outage nothing else gets through.
+ * An unwrap that fails authentication (a provider of one's own built on Cairn's ciphertext) is
+ * `key_unavailable`: only a payload's own authentication failure is corruption.
  */
 function outagesNamed(p: KeyProvider): KeyProvider {
   const call = async <T>(what: string, f: () => Promise<T>): Promise<T> => {
@@ -75,7 +77,11 @@ function outagesNamed(p: KeyProvider): KeyProvider {
     currentKekId: () => call('current key id', () => p.currentKekId()),
     wrap: (id, key, context) => call(`wrap ${context} under ${id}`, () => p.wrap(id, key, context)),
     unwrap: (id, wrapped, context) =>
-      call(`unwrap ${context} under ${id}`, () => p.unwrap(id, wrapped, context)),
+      call(`unwrap ${context} under ${id}`, () => p.unwrap(id, wrapped, context)).catch((err: unknown) => {
+        if (err instanceof CairnError && err.code === 'decryption_failed')
+          throw keyUnavailable(`key-encryption key ${id}`, context, err);
+        throw err;
+      }),
   };
 }
 

@@ -12,7 +12,7 @@ describe("a batch's wait for a dependency past its bound is the message's only w
     expect(nextStep(w, { at: 1000, applied: 50 }, bound)).toBe('wait');
   });
 
-  it('within the bound, a refusal while others are applied is the message\'s at once', () => {
+  it("within the bound, a refusal while others are applied is the message's at once", () => {
     const w = dependencyWait();
     const refused = { boundMs: 1000, refused: true };
     expect(nextStep(w, { at: 0, applied: 5 }, refused)).toBe('wait');
