@@ -123,3 +123,40 @@ describe('a statement whose answer never comes', () => {
     expect(outcome).toBe(false);
   });
 });
+
+describe('a request the batch cannot carry', () => {
+  it('runs alone, and its batch-mates keep the outcome they would have had alone', async () => {
+    const sent: string[][] = [];
+    const db = {
+      isTransaction: false,
+      async executeQuery(q: { parameters: readonly unknown[] }) {
+        const ids = (JSON.parse(q.parameters[0] as string) as { task_id: string }[]).map((i) => i.task_id);
+        sent.push(ids);
+        return { rows: [{ locked: ids, swapped: ids }] };
+      },
+    } as never;
+    const row = (taskId: string, doc: unknown) => ({
+      taskId,
+      tenantId: 'acme',
+      expectedVersion: 1,
+      expectedUpdatedAt: 'x',
+      status: 'planning',
+      schemaVersion: 'v2',
+      doc,
+      audit: { actor: 'a', reason: null, patch: [] },
+    });
+    // What JSON cannot write (here a BigInt; a batch of large documents past V8's longest
+    // string throws a RangeError the same way, before anything is sent).
+    const alone = async (_db: unknown, r: { doc: unknown }) => {
+      JSON.stringify(r.doc);
+      return true;
+    };
+    const outcomes = await Promise.allSettled([
+      coalescedCas(db, row('ok-1', {}), alone),
+      coalescedCas(db, row('bad', { n: 1n }), alone),
+      coalescedCas(db, row('ok-2', {}), alone),
+    ]);
+    expect(outcomes.map((o) => o.status)).toEqual(['fulfilled', 'rejected', 'fulfilled']);
+    expect((outcomes[1] as PromiseRejectedResult).reason).toBeInstanceOf(TypeError);
+  });
+});

@@ -186,8 +186,17 @@ class Coalescer {
   /** Resolves once the batch's statement is done; requests run alone after it settle later. */
   private async send(batch: Waiting[]): Promise<void> {
     let outcome: { locked: string[]; swapped: string[] };
+    let input: string;
     try {
-      outcome = await runBatch(this.db, batch);
+      input = batchInput(batch);
+    } catch {
+      // Nothing was sent: a document JSON cannot write, or a batch of large ones past V8's
+      // longest string (RangeError). Each alone, so only a request that cannot go gets an error.
+      for (const w of batch) void this.settle(w, this.alone(this.db, w.row));
+      return;
+    }
+    try {
+      outcome = await runBatch(this.db, input);
     } catch (error) {
       // A database not migrated to 0014 yet has no batch function: send each alone from now on.
       if (sqlState(error) === SqlState.undefinedFunction) this.noBatches = true;
@@ -227,7 +236,8 @@ function refusedByServer(error: unknown): boolean {
   );
 }
 
-async function runBatch(db: Executor, batch: Waiting[]): Promise<{ locked: string[]; swapped: string[] }> {
+/** The batch function's one parameter: the requests as a JSON array. */
+function batchInput(batch: Waiting[]): string {
   const input = batch.map(({ row }) => ({
     task_id: row.taskId,
     status: row.status,
@@ -239,8 +249,12 @@ async function runBatch(db: Executor, batch: Waiting[]): Promise<{ locked: strin
     reason: row.audit.reason,
     patch: row.audit.patch,
   }));
+  return JSON.stringify(input);
+}
+
+async function runBatch(db: Executor, input: string): Promise<{ locked: string[]; swapped: string[] }> {
   const result = await db.executeQuery<{ locked: string[]; swapped: string[] }>(
-    CompiledQuery.raw(BATCH_SQL, [JSON.stringify(input)]),
+    CompiledQuery.raw(BATCH_SQL, [input]),
   );
   return result.rows[0]!;
 }
