@@ -353,6 +353,14 @@ async function perform(
     }
     case 'hold.release': {
       const t = await taskVisible(s, i.task_id!);
+      // Holds are placed against a tenant as often as for it (litigation): the tenant's own
+      // operator may place one, never release one.
+      if (s.tenant !== undefined) {
+        return {
+          outcome: 'refused',
+          message: `a legal hold is released by an operator bound to no tenant: the hold on task ${i.task_id} stays`,
+        };
+      }
       const n = await releaseHold(s.owner, { tenantId: t.tenant_id, taskId: i.task_id!, actor: user.id });
       return n > 0
         ? { outcome: 'done', message: `legal hold on task ${i.task_id} released` }

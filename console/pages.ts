@@ -45,7 +45,7 @@ function action(
   fields: Record<string, string>,
   opts: { reason?: boolean } = {},
 ): Html {
-  const disabled = v.user.role !== 'operator';
+  const disabled = v.user.role !== 'operator' || (name === 'hold.release' && v.user.tenant !== undefined);
   return html`<form method="post" action="/actions/${name}" class="action">
 <input type="hidden" name="request_id" value="${v.requestId()}"><input type="hidden" name="csrf" value="${v.csrf}">
 ${Object.entries(fields).map(([k, val]) => html`<input type="hidden" name="${k}" value="${val}">`)}

@@ -276,6 +276,35 @@ describe('the console when a dependency is down, a request dies half-way, or an 
     expect(r.text).toMatch(/receipt_id.*nope/);
   });
 
+  it("a legal hold on tenant A's task is not tenant A's operator's to release (placed against the tenant, often)", async () => {
+    await createTaskStore({ db: asA }).create({
+      task: newTask('a-held', { tenant_id: 'tenant-a' }),
+      actor: AGENT,
+    });
+    const placed = await act('root', 'hold.place', { task_id: 'a-held', reason: 'litigation 2026-88' });
+    expect(placed.text).toContain('data-outcome="done"');
+    const page = await fetch(`${running.url}/tasks/a-held`, { headers: { authorization: basic('opsA') } });
+    expect(await page.text()).toMatch(/data-action="hold.release" disabled/);
+    const r = await act('opsA', 'hold.release', { task_id: 'a-held' });
+    expect(r.status).toBe(409);
+    expect(r.text).toContain('released by an operator bound to no tenant');
+    const active = await tdb.db
+      .selectFrom('legal_hold')
+      .select('task_id')
+      .where('task_id', '=', 'a-held')
+      .where('released_at', 'is', null)
+      .execute();
+    expect(active).toHaveLength(1);
+    // Placing one stays open to it: a hold only keeps data.
+    await createTaskStore({ db: asA }).create({
+      task: newTask('a-keep', { tenant_id: 'tenant-a' }),
+      actor: AGENT,
+    });
+    expect((await act('opsA', 'hold.place', { task_id: 'a-keep', reason: 'our own audit' })).text).toContain(
+      'data-outcome="done"',
+    );
+  });
+
   it('Postgres down: every page answers 503 naming Postgres, not 500', async () => {
     const dead = createDb({ connectionString: 'postgres://postgres@127.0.0.1:1/none', max: 1 });
     const consoleApp = createConsoleApp({ db: dead, users: USERS });
