@@ -46,19 +46,31 @@ export function cliExitCode(err: unknown): number {
 export function reportError(err: unknown, json: boolean, program = 'cairn'): number {
   const d = describeError(err);
   if (json) process.stderr.write(`${JSON.stringify({ error: d })}\n`);
-  else process.stderr.write(`${program}: ${d.code === 'unexpected' ? '' : `[${d.code}] `}${d.message}\n`);
+  else {
+    // Escaped: a message quotes values a tenant wrote (a task id). A usage error's lines are
+    // Cairn's own text and the operator's own arguments: its line breaks stay.
+    const message =
+      err instanceof UsageError ? d.message.split('\n').map(printable).join('\n') : printable(d.message);
+    process.stderr.write(`${program}: ${d.code === 'unexpected' ? '' : `[${d.code}] `}${message}\n`);
+  }
   return cliExitCode(err);
 }
 
 /**
- * A control character (C0, C1, DEL, the Unicode line separators) in a value as an escape
- * (`\n`, `\u001b`): strings a tenant wrote with its own SQL (an audit reason, an outbox key)
+ * Control characters (C0, C1, DEL), the Unicode line separators, bidirectional marks, embeddings,
+ * overrides and isolates (what they reorder is not what the operator reads: "Trojan Source") and
+ * zero-width characters (two ids that look the same).
+ */
+// biome-ignore lint/suspicious/noControlCharactersInRegex: finding control characters is the point
+const UNPRINTABLE = /[\u0000-\u001f\u007f-\u009f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]/g;
+
+/**
+ * Any of UNPRINTABLE in a value as an escape (`\n`, `\u001b`): strings a tenant wrote with its own SQL (an audit reason, an outbox key)
  * would otherwise reach the operator's terminal as escape sequences (erase a line, write the
  * clipboard) or as newlines and tabs that forge another row of a listing.
  */
 export function printable(value: unknown): string {
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: finding control characters is the point
-  return String(value).replace(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g, (c) => {
+  return String(value).replace(UNPRINTABLE, (c) => {
     if (c === '\n') return '\\n';
     if (c === '\t') return '\\t';
     if (c === '\r') return '\\r';
