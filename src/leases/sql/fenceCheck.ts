@@ -9,6 +9,12 @@ export interface Fence {
   taskId: string;
   branch: string;
   fencingToken: number;
+  /**
+   * The lease's id, when the writer has it (a Lease does): checked too. A token alone can be
+   * given out twice after an asynchronous failover (the promoted standby lost the first
+   * acquisition and the sequence's last values); a lease id never is.
+   */
+  leaseId?: string | null;
 }
 
 /**
@@ -21,6 +27,7 @@ export async function holdsFence(trx: Executor, fence: Fence): Promise<boolean> 
     SELECT 1 AS ok FROM task_lease
      WHERE task_id = ${fence.taskId} AND branch = ${fence.branch}
        AND fencing_token = ${fence.fencingToken} AND holder IS NOT NULL AND expires_at > now()
+       ${fence.leaseId ? sql`AND lease_id = ${fence.leaseId}::uuid` : sql``}
      FOR SHARE
   `.execute(trx);
   return rows.length === 1;
