@@ -33,7 +33,7 @@ export async function reconcileTask(
       // A caller that holds the task's lease (resume) settles receipts only while it still
       // does: one paused past its lease must not mark, gate or compensate another
       // holder's receipts (the gate's audit row would be refused after the receipt moved).
-      const fence = opts.gate?.lease;
+      const fence = opts.lease ?? opts.gate?.lease;
       if (fence && !(await holdsFence(d.db, fence))) {
         throw new LeaseLostError(
           `reconcile of task ${taskId}: lease token ${fence.fencingToken} is no longer current; receipt ${r.receipt_id} was left as it is`,

@@ -120,6 +120,11 @@ export interface ReceiptStore {
     opts: {
       compensators?: Record<string, (ctx: EffectContext) => Promise<unknown>>;
       gate?: GateRecord;
+      /**
+       * The task's lease the caller holds (resume passes it through `gate.lease`): nothing is
+       * settled, compensated or gated once it is lost. Without one, nothing is fenced.
+       */
+      lease?: Lease;
     },
   ): Promise<Array<{ receiptId: string; tool: string; step: string; action: ReconcileAction }>>;
   /** A human's decision on a gated receipt: what really happened outside. */
