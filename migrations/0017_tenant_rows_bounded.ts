@@ -15,10 +15,11 @@ const COUNTED = '4503599627370496';
  *   token past what a JavaScript number holds exactly (2^53 - 1) is refused from now on.
  * - Settled receipts: 0015 froze what a succeeded or compensated receipt records, but not the
  *   lease it ran under (fencing token, lease id, task and branch), shown to operators as
- *   evidence. Now nothing of a settled receipt changes for a tenant's role, and of a gated one
- *   (waiting for a human, who reads it to decide) only its resolution may grow: the library
- *   adds what a late attempt reported, and nothing already written is rewritten
- *   (test/tenancy/heldRewrite).
+ *   evidence; and moving one to gated (compensated -> gated, a late success) rewrote any column
+ *   on the way. Now nothing of a settled receipt changes for a tenant's role, its move to gated
+ *   included, and of a gated one (waiting for a human, who reads it to decide) only its
+ *   resolution may grow: the library adds what a late attempt reported, and nothing already
+ *   written is rewritten (test/tenancy/heldRewrite).
  * - Crypto-shredding under a legal hold: deleting a tenant's data keys destroys its encrypted
  *   data as surely as deleting the rows, and no hold stopped it. A key is not deleted while a
  *   hold names its tenant or one of its tasks (CN008; test/tenancy/encryption).
@@ -70,6 +71,20 @@ export async function up(db: Kysely<unknown>): Promise<void> {
             USING ERRCODE = 'CN010';
         END IF;
         RETURN NEW;
+      END IF;
+      -- Out of a settled state (compensated -> gated: a late success), a tenant's role moves the
+      -- status and adds to the resolution; nothing of the record changes with it.
+      IF OLD.status IN ('succeeded', 'compensated') AND ${S}.cairn_is_app_role() THEN
+        n := NEW;
+        o := OLD;
+        n.status := NULL;
+        o.status := NULL;
+        n.resolution := NULL;
+        o.resolution := NULL;
+        IF n IS DISTINCT FROM o OR NOT starts_with(coalesce(NEW.resolution, ''), coalesce(OLD.resolution, '')) THEN
+          RAISE EXCEPTION 'receipt % is settled (%): what it records never changes (% -> % with other columns refused)',
+            OLD.receipt_id, OLD.status, OLD.status, NEW.status USING ERRCODE = 'CN010';
+        END IF;
       END IF;
       SELECT * INTO t FROM ${S}.receipt_transition WHERE from_status = OLD.status AND to_status = NEW.status;
       IF NOT FOUND THEN

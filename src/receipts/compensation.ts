@@ -34,9 +34,11 @@ export async function lateSuccess<T>(
     .updateTable('tool_receipt')
     .set({
       status: 'gated',
-      resolution:
+      // Added to what the receipt says (how it was compensated), never in its place.
+      resolution: sql<string>`coalesce(resolution || '; ', '') || ${
         `conflict: attempt ${attempt} of ${input.tool} at ${input.step} reported success after the receipt ` +
-        'was taken for compensation; check what the world holds and resolve the gate',
+        'was taken for compensation; check what the world holds and resolve the gate'
+      }`,
     })
     .where('receipt_id', '=', ref.receiptId)
     .where('status', 'in', ['compensating', 'compensated'])

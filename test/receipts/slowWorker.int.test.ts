@@ -44,7 +44,7 @@ function pausePoint() {
 
 const TASK = 'slow';
 const CONFLICT =
-  /^conflict: attempt 1 of deployer at .* reported success after the receipt was taken for compensation/;
+  /(^|; )conflict: attempt 1 of deployer at .* reported success after the receipt was taken for compensation/;
 
 /** The call both workers make: same task, step, tool and args, so the same idempotency key. */
 function deploy(step: string, extra: Partial<RunOnceInput<unknown>>): RunOnceInput<unknown> {

@@ -126,6 +126,22 @@ describe('a task under legal hold, and the tenant it belongs to', () => {
       gatedResolutionRewritten: expect.stringMatching(/is gated: what it records never changes/),
       gatedResolutionAdded: 1,
     });
+    // A compensated receipt moved to gated (what a late success does) with its record rewritten.
+    await sql`INSERT INTO tool_receipt (receipt_id, idempotency_key, task_id, step, tool, args_digest, status,
+                                        worker, tenant_id, fencing_token)
+              VALUES ('00000000-0000-4000-8000-00000000a002', 'gate-1/refund', 'gate-1', 'refund', 'payments', 'sha256:bb',
+                      'started', 'w1', 'tenant-a', 7)`.execute(t.db);
+    for (const status of ['uncertain', 'compensating', 'compensated'])
+      await sql`UPDATE tool_receipt SET status = ${status}, resolution = CASE WHEN ${status} = 'compensated'
+                  THEN 'compensated by r-9' END WHERE idempotency_key = 'gate-1/refund'`.execute(t.db);
+    expect(
+      await attempt(sql`UPDATE tool_receipt SET status = 'gated', fencing_token = 999, worker = 'w9',
+           resolution = 'operator approved: the effect never ran' WHERE idempotency_key = 'gate-1/refund'`),
+    ).toMatch(/is settled \(compensated\): what it records never changes/);
+    expect(
+      await attempt(sql`UPDATE tool_receipt SET status = 'gated', resolution = resolution || '; conflict: a late success'
+           WHERE idempotency_key = 'gate-1/refund'`),
+    ).toBe(1);
     // The operator keeps their hand on it.
     await sql`UPDATE tool_receipt SET resolution = 'checked by the DPO' WHERE idempotency_key = 'gate-1/ship'`.execute(
       t.db,
