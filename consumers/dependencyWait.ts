@@ -1,5 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import { messageOf } from '../src/errors.js';
+import { messageOf, UnavailableError } from '../src/errors.js';
 import type { Logger } from '../src/logger.js';
 
 /**
@@ -16,6 +16,14 @@ export interface DependencyWait {
   since: number;
   /** The consumer's applied count when the wait began, or when it last gave a message up. */
   appliedBefore: number;
+  /**
+   * A message of the batch was given up on a refusal: later refusals in the batch are their
+   * messages' at once. Commits do not clear it: a tenant whose key is disabled, its messages
+   * between others', cost one bound per batch, not one per message.
+   */
+  refusalGivenUp: boolean;
+  /** What says the dependency works, counted: its own answers when it keeps count, else the consumer's applied messages. */
+  evidence?: () => number;
 }
 
 /**
@@ -26,7 +34,7 @@ export interface DependencyWait {
 export type WaitStep = 'wait' | 'message' | 'outage';
 
 export function dependencyWait(): DependencyWait {
-  return { tries: 0, since: 0, appliedBefore: 0 };
+  return { tries: 0, since: 0, appliedBefore: 0, refusalGivenUp: false };
 }
 
 /**
@@ -45,6 +53,7 @@ export function nextStep(
     w.since = now.at;
     w.appliedBefore = now.applied;
   }
+  if (o.refused && w.refusalGivenUp) return 'message';
   const othersApplied = now.applied > w.appliedBefore;
   // Refused for this message while others are applied: the message's at once (its attempts,
   // each retried with backoff): a tenant's own key policy must not hold the partition, nor the
@@ -83,9 +92,18 @@ export function dependencyWaiter(o: DependencyWaiterOptions) {
       w: DependencyWait,
       batch: { refused: boolean; beat(): void },
     ): Promise<'none' | 'waited' | 'stopped'> {
+      // The dependency's own count of answers when it keeps one (a key provider's calls that
+      // worked): messages applied meanwhile may never have called it, and a tenant can send
+      // those at will (review finding: an outage of the key provider then dead-lettered every
+      // message that needed a key).
+      const evidence = (err instanceof UnavailableError && err.answers) || o.applied;
+      if (w.evidence !== evidence) {
+        w.evidence = evidence;
+        w.appliedBefore = evidence();
+      }
       const step = nextStep(
         w,
-        { at: performance.now(), applied: o.applied() },
+        { at: performance.now(), applied: evidence() },
         { boundMs, refused: batch.refused },
       );
       if (step === 'message') {
@@ -126,8 +144,9 @@ export function dependencyWaiter(o: DependencyWaiterOptions) {
      * it too (not another full wait per message of a refused tenant), but only what is applied
      * from now on says the dependency works: an outage beginning later is not the next one's failure.
      */
-    gaveUp(w: DependencyWait): void {
-      w.appliedBefore = o.applied();
+    gaveUp(w: DependencyWait, refused: boolean): void {
+      w.appliedBefore = (w.evidence ?? o.applied)();
+      if (refused) w.refusalGivenUp = true;
     },
     /** The batch ended (done, handed back, or stopped). */
     ended(w: DependencyWait): void {

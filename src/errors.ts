@@ -162,10 +162,17 @@ export class NotFoundError extends CairnError {
 export class UnavailableError extends CairnError {
   /** The dependency answered and refused; false when it did not answer (an outage). */
   readonly refused: boolean;
+  /**
+   * How many calls the dependency has answered so far, when it keeps count (TenantKeys does):
+   * a count that rises while it works for others. Without it a waiting consumer can only go
+   * by the messages it applies, and those need not have called it.
+   */
+  readonly answers?: () => number;
 
-  constructor(message: string, cause?: unknown, opts: { refused?: boolean } = {}) {
+  constructor(message: string, cause?: unknown, opts: { refused?: boolean; answers?: () => number } = {}) {
     super('unavailable', message, { retriable: true, cause });
     this.refused = opts.refused ?? false;
+    if (opts.answers) this.answers = opts.answers;
   }
 }
 

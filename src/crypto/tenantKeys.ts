@@ -58,19 +58,26 @@ const TenantKeysOptionsSchema = optionsSchema<TenantKeysOptions>()(
  * `key_unavailable`: only a payload's own authentication failure is corruption.
  */
 function outagesNamed(p: KeyProvider): KeyProvider {
+  /** Calls the provider answered: what a waiting inbox consumer goes by (UnavailableError.answers). */
+  let answered = 0;
+  const answers = () => answered;
   const call = async <T>(what: string, f: () => Promise<T>): Promise<T> => {
     try {
-      return await f();
+      const r = await f();
+      answered++;
+      return r;
     } catch (err) {
       if (err instanceof CairnError) throw err;
       if (refusedByProvider(err)) {
         throw new UnavailableError(
           `the key provider refused (${what}): ${messageOf(err)}; check that the key is enabled and that this process may use it`,
           err,
-          { refused: true },
+          { refused: true, answers },
         );
       }
-      throw new UnavailableError(`the key provider did not answer (${what}): ${messageOf(err)}`, err);
+      throw new UnavailableError(`the key provider did not answer (${what}): ${messageOf(err)}`, err, {
+        answers,
+      });
     }
   };
   return {

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { dependencyWait, dependencyWaiter, nextStep } from '../../consumers/dependencyWait.js';
+import { UnavailableError } from '../../src/errors.js';
 import { silentLogger } from '../../src/logger.js';
 
 const bound = { boundMs: 1000, refused: false };
@@ -10,6 +11,27 @@ describe("a batch's wait for a dependency past its bound is the message's only w
     expect(nextStep(w, { at: 0, applied: 5 }, bound)).toBe('wait');
     w.tries = 3;
     expect(nextStep(w, { at: 1000, applied: 50 }, bound)).toBe('wait');
+  });
+
+  it("once a refused message of the batch was given up, the next refusal is its message's at once, commits between them or not", () => {
+    const waiter = dependencyWaiter({
+      log: silentLogger,
+      signal: new AbortController().signal,
+      maxAttempts: 1,
+      retryBaseMs: 1,
+      retryMaxMs: 250,
+      applied: () => 5,
+    });
+    const w = dependencyWait();
+    const refused = { boundMs: 1000, refused: true };
+    nextStep(w, { at: 0, applied: 5 }, refused);
+    w.tries = 1;
+    expect(nextStep(w, { at: 5000, applied: 5 }, refused)).toBe('message');
+    waiter.gaveUp(w, true);
+    waiter.committed(w); // a message of another tenant applied between the two
+    expect(nextStep(w, { at: 5001, applied: 6 }, refused)).toBe('message');
+    // What did not answer is still waited for.
+    expect(nextStep(w, { at: 5002, applied: 6 }, bound)).toBe('wait');
   });
 
   it("within the bound, a refusal while others are applied is the message's at once", () => {
@@ -45,7 +67,7 @@ describe("a batch's wait for a dependency past its bound is the message's only w
     w.tries = 1;
     applied = 9; // applied elsewhere: the first message past the bound is given up
     expect(nextStep(w, { at: 5000, applied }, bound)).toBe('message');
-    waiter.gaveUp(w);
+    waiter.gaveUp(w, false);
     // The next one is past the bound at once, but needs new evidence: none came, an outage.
     expect(nextStep(w, { at: 5100, applied }, bound)).toBe('outage');
     waiter.committed(w);
@@ -68,5 +90,32 @@ describe("a batch's wait for a dependency past its bound is the message's only w
     expect(waiter.waiting()).toBe(true);
     waiter.committed(w);
     expect(waiter.waiting()).toBe(false);
+  });
+
+  it("goes by the key provider's own answers, not by messages applied that never called it", async () => {
+    let applied = 0;
+    let answered = 0;
+    const waiter = dependencyWaiter({
+      log: silentLogger,
+      signal: new AbortController().signal,
+      maxAttempts: 1,
+      retryBaseMs: 1,
+      retryMaxMs: 5, // bound: 20 ms
+      applied: () => applied,
+    });
+    const down = new UnavailableError('the key provider did not answer', undefined, {
+      answers: () => answered,
+    });
+    const w = dependencyWait();
+    const beat = { refused: false, beat: () => {} };
+    // The provider is down; messages that need no key keep being applied (a tenant can send them).
+    const until = performance.now() + 80;
+    while (performance.now() < until) {
+      applied += 10;
+      expect(await waiter.back(down, w, beat)).toBe('waited');
+    }
+    // Once it answers others, a message it still fails past the bound is the message's.
+    answered++;
+    expect(await waiter.back(down, w, beat)).toBe('none');
   });
 });

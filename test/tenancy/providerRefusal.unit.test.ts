@@ -46,6 +46,23 @@ describe('a key provider that answered and refused is told from one that did not
     ['HTTP 503 whatever its name', err('x', { name: 'AccessDeniedException', statusCode: 503 })],
     ['gRPC UNAVAILABLE', err('14 UNAVAILABLE', { code: 14 })],
     ['an error that says nothing', new Error('KMS unreachable')],
+    // This process's own credentials failing (expired, unknown, a skewed clock) say nothing of
+    // one tenant's key: every key fails alike, waited out like an outage, never dead-lettered.
+    [
+      'AWS expired STS token (a 400)',
+      err('expired', { name: 'ExpiredTokenException', $metadata: { httpStatusCode: 400 } }),
+    ],
+    [
+      'AWS unknown access key (a 400)',
+      err('x', { name: 'UnrecognizedClientException', $metadata: { httpStatusCode: 400 } }),
+    ],
+    [
+      'AWS signature refused (clock skew, a 400)',
+      err('x', { name: 'InvalidSignatureException', $metadata: { httpStatusCode: 400 } }),
+    ],
+    ['HTTP 401', err('Unauthorized', { name: 'RestError', statusCode: 401 })],
+    ['gRPC UNAUTHENTICATED', err('16 UNAUTHENTICATED', { code: 16 })],
+    ['an OAuth token refresh refused', err('invalid_grant', { response: { status: 400 } })],
     ['a thrown string', 'boom'],
   ])('did not answer: %s', (_, e) => {
     expect(refusedByProvider(e)).toBe(false);
