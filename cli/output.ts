@@ -57,12 +57,12 @@ export function reportError(err: unknown, json: boolean, program = 'cairn'): num
 }
 
 /**
- * Control characters (C0, C1, DEL), the Unicode line separators, bidirectional marks, embeddings,
- * overrides and isolates (what they reorder is not what the operator reads: "Trojan Source") and
- * zero-width characters (two ids that look the same).
+ * Control characters (C0, C1, DEL), the Unicode line separators, and every format character
+ * (Cf: bidirectional marks, embeddings, overrides and isolates, whose reordering is not what the
+ * operator reads, "Trojan Source"; zero-width characters, soft hyphens, tag characters), with the
+ * blank fillers and variation selectors: two ids that differ only by them look the same.
  */
-// biome-ignore lint/suspicious/noControlCharactersInRegex: finding control characters is the point
-const UNPRINTABLE = /[\u0000-\u001f\u007f-\u009f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]/g;
+const UNPRINTABLE = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\u115f\u1160\u3164]|\p{Variation_Selector}/gu;
 
 /**
  * Any of UNPRINTABLE in a value as an escape (`\n`, `\u001b`): strings a tenant wrote with its own SQL (an audit reason, an outbox key)
@@ -74,7 +74,8 @@ export function printable(value: unknown): string {
     if (c === '\n') return '\\n';
     if (c === '\t') return '\\t';
     if (c === '\r') return '\\r';
-    return `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`;
+    const code = c.codePointAt(0)!;
+    return code > 0xffff ? `\\u{${code.toString(16)}}` : `\\u${code.toString(16).padStart(4, '0')}`;
   });
 }
 

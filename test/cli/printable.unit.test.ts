@@ -11,6 +11,7 @@ describe('printable', () => {
     expect(printable('pay\u202Eevil\u202C-task\u200B\u2066x\u2069\uFEFF\u061C')).toBe(
       'pay\\u202eevil\\u202c-task\\u200b\\u2066x\\u2069\\ufeff\\u061c',
     );
+    expect(printable('id\u00ad-\u3164\ufe0f\u{e0041}')).toBe('id\\u00ad-\\u3164\\ufe0f\\u{e0041}');
     expect(printable('plain ünïcödé, 日本, emoji 🙂')).toBe('plain ünïcödé, 日本, emoji 🙂');
   });
 });
