@@ -12,7 +12,9 @@ const COUNTED = '4503599627370496';
  *   (test/leases/plantedToken). The sequence starts again past the tokens leases could have
  *   reached by counting (below 2^52): a lease row still takes the greater of its own token + 1
  *   and the sequence, so a task whose token was set higher by hand only keeps its own, and a
- *   token past what a JavaScript number holds exactly (2^53 - 1) is refused from now on.
+ *   token past what a JavaScript number holds exactly (2^53 - 1) is refused from now on. A
+ *   tenant's role no longer writes a token of its choosing: only the one the sequence just gave
+ *   its session, or its row's own + 1 (what acquireLease writes).
  * - Settled receipts: 0015 froze what a succeeded or compensated receipt records, but not the
  *   lease it ran under (fencing token, lease id, task and branch), shown to operators as
  *   evidence; and moving one to gated (compensated -> gated, a late success) rewrote any column
@@ -98,6 +100,37 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       RETURN NEW;
     END
     $fn$;
+
+    -- A token a tenant's role writes is one the sequence just gave this session (acquireLease's
+    -- nextval), or the row's own + 1 (acquireLease's greatest()): never one chosen by hand.
+    CREATE FUNCTION cairn_lease_token_guard() RETURNS trigger LANGUAGE plpgsql
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
+    DECLARE
+      given bigint;
+    BEGIN
+      IF TG_OP = 'UPDATE' AND NEW.fencing_token = OLD.fencing_token THEN
+        RETURN NEW;
+      END IF;
+      IF NOT ${S}.cairn_is_app_role() THEN
+        RETURN NEW;
+      END IF;
+      IF TG_OP = 'UPDATE' AND NEW.fencing_token = OLD.fencing_token + 1 THEN
+        RETURN NEW;
+      END IF;
+      BEGIN
+        given := currval('${S}.lease_token');
+      EXCEPTION WHEN object_not_in_prerequisite_state THEN
+        given := NULL;
+      END;
+      IF given IS DISTINCT FROM NEW.fencing_token THEN
+        RAISE EXCEPTION 'lease %/%: fencing token % was not given by the token sequence (tokens come from acquireLease)',
+          NEW.task_id, NEW.branch, NEW.fencing_token USING ERRCODE = 'CN010';
+      END IF;
+      RETURN NEW;
+    END
+    $fn$;
+    CREATE TRIGGER task_lease_token_guard BEFORE INSERT OR UPDATE OF fencing_token ON task_lease
+      FOR EACH ROW EXECUTE FUNCTION cairn_lease_token_guard();
 
     CREATE FUNCTION cairn_key_hold_guard() RETURNS trigger LANGUAGE plpgsql
       SET search_path = pg_catalog, ${S}, pg_temp AS $fn$

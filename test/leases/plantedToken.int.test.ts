@@ -74,6 +74,38 @@ describe("a tenant's planted fencing token and the token sequence", () => {
     expect(again.ok && again.fencingToken > 41).toBe(true);
   });
 
+  it('a token of its own choosing is refused to a tenant: only what the sequence gave, or its own + 1', async () => {
+    const tries = {
+      update: await sql`UPDATE task_lease SET fencing_token = 4503599627370496 WHERE task_id = 'b-0'`
+        .execute(asB)
+        .then(
+          (r) => Number(r.numAffectedRows),
+          (e: Error) => e.message,
+        ),
+      insert: await createTaskStore({ db: asB })
+        .create({ task: newTask('b-2', { tenant_id: 'tenant-b' }), actor: AGENT })
+        .then(() =>
+          sql`INSERT INTO task_lease (task_id, branch, holder, lease_id, fencing_token, expires_at)
+              VALUES ('b-2', 'main', 'w', gen_random_uuid(), 1000000, now())`.execute(asB),
+        )
+        .then(
+          (r) => Number(r.numAffectedRows),
+          (e: Error) => e.message,
+        ),
+      plusOne: await sql`UPDATE task_lease SET fencing_token = fencing_token + 1 WHERE task_id = 'b-0'`
+        .execute(asB)
+        .then(
+          (r) => Number(r.numAffectedRows),
+          (e: Error) => e.message,
+        ),
+    };
+    expect(tries).toEqual({
+      update: expect.stringMatching(/was not given by the token sequence/),
+      insert: expect.stringMatching(/was not given by the token sequence/),
+      plusOne: 1,
+    });
+  });
+
   it('a token past 2^53 - 1 is refused', async () => {
     const r = await sql`UPDATE task_lease SET fencing_token = 9007199254740993 WHERE task_id = 'a-1'`
       .execute(asA)
@@ -81,6 +113,6 @@ describe("a tenant's planted fencing token and the token sequence", () => {
         () => 'updated',
         (e: Error) => e.message,
       );
-    expect(r).toMatch(/task_lease_token_range/);
+    expect(r).toMatch(/task_lease_token_range|was not given by the token sequence/);
   });
 });

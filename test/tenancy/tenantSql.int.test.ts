@@ -318,7 +318,9 @@ describe("a tenant's own SQL on its own connection", () => {
     const denied = /permission denied|never change|violates check constraint/;
     // A lease of its own task, moved onto B's task.
     await sql`INSERT INTO task_lease (task_id, branch, holder, lease_id, fencing_token, expires_at)
-              VALUES ('a-2', 'side', 'w', gen_random_uuid(), 1, now() + interval '1 hour')`.execute(asA);
+              VALUES ('a-2', 'side', 'w', gen_random_uuid(), nextval('lease_token'), now() + interval '1 hour')`.execute(
+      asA,
+    );
     await expect(
       sql`UPDATE task_lease SET task_id = 'b-2' WHERE task_id = 'a-2'`.execute(asA),
     ).rejects.toThrow(denied);
