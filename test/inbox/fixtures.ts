@@ -1,11 +1,18 @@
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
 import { v7 as uuidv7 } from 'uuid';
+import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
+import { createTenantKeys } from '../../src/crypto/tenantKeys.js';
 import type { Db } from '../../src/db/database.js';
 import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import { createKafkaPublisher, kafkaClient, type Publisher } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber, type ReceivedMessage, type Subscriber } from '../../src/kafka/subscriber.js';
-import { kafkaBrokers, uniqueTopic } from '../support/testDatabase.js';
+import { createTaskStore } from '../../src/state/taskStore.js';
+import { AGENT, newTask } from '../state/fixtures.js';
+import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
 
 export async function createEffectsTable(db: Db): Promise<void> {
   await sql`CREATE TABLE effects (id bigserial PRIMARY KEY, message_id text NOT NULL, key text NOT NULL,
@@ -149,4 +156,29 @@ export async function topicOfPartitions(name: string, partitions: readonly strin
       });
   await producer.disconnect();
   return topic;
+}
+
+/**
+ * A test database with tenants acme and globex, each with a data key under a fresh keyring file
+ * and a task whose artifact is encrypted (`T-acme`, `T-globex`), and an `effects` table for the
+ * handler: what the key provider tests share.
+ */
+export async function keyedTenants(name: string): Promise<{ t: TestDatabase; keyringPath: string }> {
+  const t = await createTestDatabase(name);
+  await sql`CREATE TABLE effects (message_id text PRIMARY KEY, plan text)`.execute(t.db);
+  const keyringPath = join(mkdtempSync(join(tmpdir(), `cairn-${name}-`)), 'keyring.json');
+  writeKeyring(keyringPath);
+  const keys = createTenantKeys({ db: t.db, provider: localKeyring(keyringPath) });
+  const store = createTaskStore({ db: t.db, keys });
+  for (const tenant of ['acme', 'globex']) {
+    await keys.addTenant(tenant);
+    await store.create({
+      task: {
+        ...newTask(`T-${tenant}`, { tenant_id: tenant }),
+        artifacts: { implementation_plan: `s3://${tenant}` },
+      },
+      actor: AGENT,
+    });
+  }
+  return { t, keyringPath };
 }

@@ -1,48 +1,18 @@
-/**
- * adversary5: c42234d made TenantKeys name EVERY failure from outside Cairn an outage
- * (outagesNamed -> UnavailableError), and the inbox consumer waits for an UnavailableError
- * without end, counting no attempt. A KMS that answers "no" (AccessDeniedException: the key is
- * disabled, InvalidCiphertextException, a provider's own bug) is not down: it is a real
- * failure that no wait fixes. One tenant's disabled key then holds its partition for good:
- * its message is never dead-lettered, and another tenant's message behind it on the same
- * partition is never applied (nor does the consumer ever say what it waits for).
- * Expected: a refusal spends the message's attempts (dead-lettered after maxAttempts, or at
- * least after a bounded wait) and the next tenant's message is applied.
- */
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
-import { type KeyProvider, localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
+import { type KeyProvider, localKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys } from '../../src/crypto/tenantKeys.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
-import { AGENT, newTask } from '../state/fixtures.js';
-import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+import type { TestDatabase } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
-import { oneTopicOf, onTestBroker } from './fixtures.js';
+import { keyedTenants, oneTopicOf, onTestBroker } from './fixtures.js';
 
 let t: TestDatabase;
 let keyringPath: string;
 
 beforeAll(async () => {
-  t = await createTestDatabase('adv5_kms_refusal');
-  await sql`CREATE TABLE effects (message_id text PRIMARY KEY, plan text)`.execute(t.db);
-  keyringPath = join(mkdtempSync(join(tmpdir(), 'cairn-adv5-kms-')), 'keyring.json');
-  writeKeyring(keyringPath);
-  const keys = createTenantKeys({ db: t.db, provider: localKeyring(keyringPath) });
-  const store = createTaskStore({ db: t.db, keys });
-  for (const tenant of ['acme', 'globex']) {
-    await keys.addTenant(tenant);
-    await store.create({
-      task: {
-        ...newTask(`T-${tenant}`, { tenant_id: tenant }),
-        artifacts: { implementation_plan: `s3://${tenant}` },
-      },
-      actor: AGENT,
-    });
-  }
+  ({ t, keyringPath } = await keyedTenants('adv5_kms_refusal'));
 });
 afterAll(async () => {
   await t?.drop();

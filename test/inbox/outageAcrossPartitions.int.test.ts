@@ -1,47 +1,19 @@
-/**
- * Review (session 13): past 4 x maxAttempts x retryMaxMs of waiting for a dependency other
- * than Postgres, the consumer counted the messages' attempts whatever the wait was. A key
- * provider down for everybody (nothing commits anywhere, nothing answers) then dead-lettered
- * every partition's backlog: an outage taken for the messages' failure.
- * Expected: with nothing applied anywhere since the wait began and a provider that did not
- * answer, the consumer waits on, dead-letters nothing, says what it waits for, and once the
- * provider is back applies every message exactly once.
- */
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
-import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
+import { localKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys } from '../../src/crypto/tenantKeys.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
-import { AGENT, newTask } from '../state/fixtures.js';
 import { switchableProvider } from '../support/keyProviders.js';
-import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+import type { TestDatabase } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
-import { onTestBroker, topicOfPartitions } from './fixtures.js';
+import { keyedTenants, onTestBroker, topicOfPartitions } from './fixtures.js';
 
 let t: TestDatabase;
 let keyringPath: string;
 
 beforeAll(async () => {
-  t = await createTestDatabase('outage_partitions');
-  await sql`CREATE TABLE effects (message_id text NOT NULL, plan text)`.execute(t.db);
-  keyringPath = join(mkdtempSync(join(tmpdir(), 'cairn-outage-partitions-')), 'keyring.json');
-  writeKeyring(keyringPath);
-  const keys = createTenantKeys({ db: t.db, provider: localKeyring(keyringPath) });
-  const store = createTaskStore({ db: t.db, keys });
-  for (const tenant of ['acme', 'globex']) {
-    await keys.addTenant(tenant);
-    await store.create({
-      task: {
-        ...newTask(`T-${tenant}`, { tenant_id: tenant }),
-        artifacts: { implementation_plan: `s3://${tenant}` },
-      },
-      actor: AGENT,
-    });
-  }
+  ({ t, keyringPath } = await keyedTenants('outage_partitions'));
 });
 afterAll(async () => {
   await t?.drop();

@@ -1,49 +1,20 @@
-/**
- * Review (session 13): the bound on a wait for a dependency other than Postgres was kept per
- * consumer and reset by ANY commit. kafkajs runs batches of several partitions at once, so a
- * partition held by one tenant's refused key (the KMS answers AccessDenied) waited forever, at
- * base backoff, while other partitions kept committing: its message was never dead-lettered,
- * and what stood behind it on its partition was never applied.
- * Expected: the wait is the batch's own; past the bound, with the others committing (the
- * provider evidently works), the refused message spends its attempts and is dead-lettered,
- * the message behind it is applied, and the other partitions flow throughout.
- */
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createInboxConsumer } from '../../consumers/inboxConsumer.js';
-import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
+import { localKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys } from '../../src/crypto/tenantKeys.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
-import { AGENT, newTask } from '../state/fixtures.js';
 import { refusingTenant } from '../support/keyProviders.js';
-import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+import type { TestDatabase } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
-import { onTestBroker, topicOfPartitions } from './fixtures.js';
+import { keyedTenants, onTestBroker, topicOfPartitions } from './fixtures.js';
 
 let t: TestDatabase;
 let keyringPath: string;
 
 beforeAll(async () => {
-  t = await createTestDatabase('refusal_partitions');
-  await sql`CREATE TABLE effects (message_id text NOT NULL, plan text)`.execute(t.db);
-  keyringPath = join(mkdtempSync(join(tmpdir(), 'cairn-refusal-partitions-')), 'keyring.json');
-  writeKeyring(keyringPath);
-  const keys = createTenantKeys({ db: t.db, provider: localKeyring(keyringPath) });
-  const store = createTaskStore({ db: t.db, keys });
-  for (const tenant of ['acme', 'globex']) {
-    await keys.addTenant(tenant);
-    await store.create({
-      task: {
-        ...newTask(`T-${tenant}`, { tenant_id: tenant }),
-        artifacts: { implementation_plan: `s3://${tenant}` },
-      },
-      actor: AGENT,
-    });
-  }
+  ({ t, keyringPath } = await keyedTenants('refusal_partitions'));
 });
 afterAll(async () => {
   await t?.drop();
