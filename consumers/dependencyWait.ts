@@ -26,6 +26,10 @@ export interface DependencyWait {
   evidence?: () => number;
 }
 
+/** How long a refusal given up is remembered: its subject's next refusals are given up at once. */
+export const REFUSAL_MEMORY_MS = 10 * 60_000;
+const REFUSALS_KEPT = 1000;
+
 /**
  * 'wait': no attempt is counted. 'message': the failure is the message's (its attempts count,
  * then the dead-letter topic). 'outage': past the bound, but nothing says the dependency
@@ -85,6 +89,15 @@ export function dependencyWaiter(o: DependencyWaiterOptions) {
   /** The waits under way: waitingFor() says 'dependency' while there is one. */
   const waiting = new Set<DependencyWait>();
   const boundMs = 4 * o.maxAttempts * o.retryMaxMs;
+  /**
+   * What was refused and given up lately (a tenant's data key), and when: a later refusal of
+   * the same thing, in any batch, is its message's at once. With kafkajs a waiting batch holds
+   * the partitions fetched with it, so one tenant's disabled key cost every partition the whole
+   * bound, batch after batch. Forgotten after REFUSAL_MEMORY_MS (a key enabled again is waited
+   * for once more), at most REFUSALS_KEPT of them.
+   */
+  const refusedLately = new Map<string, number>();
+  const subjectOf = (err: unknown) => (err instanceof UnavailableError ? err.subject : undefined);
   return {
     /** 'none': the failure is the message's; 'waited': try again; 'stopped': stop() ended the wait. */
     async back(
@@ -92,6 +105,12 @@ export function dependencyWaiter(o: DependencyWaiterOptions) {
       w: DependencyWait,
       batch: { refused: boolean; beat(): void },
     ): Promise<'none' | 'waited' | 'stopped'> {
+      const subject = batch.refused ? subjectOf(err) : undefined;
+      const lately = subject !== undefined ? refusedLately.get(subject) : undefined;
+      if (lately !== undefined && performance.now() - lately < REFUSAL_MEMORY_MS) {
+        waiting.delete(w);
+        return 'none';
+      }
       // The dependency's own count of answers when it keeps one (a key provider's calls that
       // worked): messages applied meanwhile may never have called it, and a tenant can send
       // those at will (review finding: an outage of the key provider then dead-lettered every
@@ -144,9 +163,15 @@ export function dependencyWaiter(o: DependencyWaiterOptions) {
      * it too (not another full wait per message of a refused tenant), but only what is applied
      * from now on says the dependency works: an outage beginning later is not the next one's failure.
      */
-    gaveUp(w: DependencyWait, refused: boolean): void {
+    gaveUp(w: DependencyWait, err: unknown): void {
       w.appliedBefore = (w.evidence ?? o.applied)();
-      if (refused) w.refusalGivenUp = true;
+      if (!(err instanceof UnavailableError && err.refused)) return;
+      w.refusalGivenUp = true;
+      const subject = subjectOf(err);
+      if (subject === undefined) return;
+      refusedLately.delete(subject);
+      refusedLately.set(subject, performance.now());
+      if (refusedLately.size > REFUSALS_KEPT) refusedLately.delete(refusedLately.keys().next().value!);
     },
     /** The batch ended (done, handed back, or stopped). */
     ended(w: DependencyWait): void {

@@ -265,7 +265,7 @@ export function createInboxConsumerWithTestHooks(
             if ((await outage(failed, run)) === 'none') throw failed;
             return false;
           }
-          dependencies.gaveUp(run.wait, err instanceof UnavailableError && err.refused);
+          dependencies.gaveUp(run.wait, err);
           return true;
         }
         stats.retries++;

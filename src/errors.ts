@@ -168,11 +168,18 @@ export class UnavailableError extends CairnError {
    * by the messages it applies, and those need not have called it.
    */
   readonly answers?: () => number;
+  /** What was refused, when it was one thing (a tenant's data key): later failures on it are alike. */
+  readonly subject?: string;
 
-  constructor(message: string, cause?: unknown, opts: { refused?: boolean; answers?: () => number } = {}) {
+  constructor(
+    message: string,
+    cause?: unknown,
+    opts: { refused?: boolean; answers?: () => number; subject?: string } = {},
+  ) {
     super('unavailable', message, { retriable: true, cause });
     this.refused = opts.refused ?? false;
     if (opts.answers) this.answers = opts.answers;
+    if (opts.subject !== undefined) this.subject = opts.subject;
   }
 }
 

@@ -61,7 +61,7 @@ function outagesNamed(p: KeyProvider): KeyProvider {
   /** Calls the provider answered: what a waiting inbox consumer goes by (UnavailableError.answers). */
   let answered = 0;
   const answers = () => answered;
-  const call = async <T>(what: string, f: () => Promise<T>): Promise<T> => {
+  const call = async <T>(what: string, f: () => Promise<T>, subject?: string): Promise<T> => {
     try {
       const r = await f();
       answered++;
@@ -72,7 +72,7 @@ function outagesNamed(p: KeyProvider): KeyProvider {
         throw new UnavailableError(
           `the key provider refused (${what}): ${messageOf(err)}; check that the key is enabled and that this process may use it`,
           err,
-          { refused: true, answers },
+          { refused: true, answers, ...(subject !== undefined ? { subject } : {}) },
         );
       }
       throw new UnavailableError(`the key provider did not answer (${what}): ${messageOf(err)}`, err, {
@@ -82,13 +82,15 @@ function outagesNamed(p: KeyProvider): KeyProvider {
   };
   return {
     currentKekId: () => call('current key id', () => p.currentKekId()),
-    wrap: (id, key, context) => call(`wrap ${context} under ${id}`, () => p.wrap(id, key, context)),
+    wrap: (id, key, context) => call(`wrap ${context} under ${id}`, () => p.wrap(id, key, context), context),
     unwrap: (id, wrapped, context) =>
-      call(`unwrap ${context} under ${id}`, () => p.unwrap(id, wrapped, context)).catch((err: unknown) => {
-        if (err instanceof CairnError && err.code === 'decryption_failed')
-          throw keyUnavailable(`key-encryption key ${id}`, context, err);
-        throw err;
-      }),
+      call(`unwrap ${context} under ${id}`, () => p.unwrap(id, wrapped, context), context).catch(
+        (err: unknown) => {
+          if (err instanceof CairnError && err.code === 'decryption_failed')
+            throw keyUnavailable(`key-encryption key ${id}`, context, err);
+          throw err;
+        },
+      ),
   };
 }
 

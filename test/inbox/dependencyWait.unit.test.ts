@@ -27,7 +27,7 @@ describe("a batch's wait for a dependency past its bound is the message's only w
     nextStep(w, { at: 0, applied: 5 }, refused);
     w.tries = 1;
     expect(nextStep(w, { at: 5000, applied: 5 }, refused)).toBe('message');
-    waiter.gaveUp(w, true);
+    waiter.gaveUp(w, new UnavailableError('refused', undefined, { refused: true }));
     waiter.committed(w); // a message of another tenant applied between the two
     expect(nextStep(w, { at: 5001, applied: 6 }, refused)).toBe('message');
     // What did not answer is still waited for.
@@ -67,7 +67,7 @@ describe("a batch's wait for a dependency past its bound is the message's only w
     w.tries = 1;
     applied = 9; // applied elsewhere: the first message past the bound is given up
     expect(nextStep(w, { at: 5000, applied }, bound)).toBe('message');
-    waiter.gaveUp(w, false);
+    waiter.gaveUp(w, new Error('a handler of its own'));
     // The next one is past the bound at once, but needs new evidence: none came, an outage.
     expect(nextStep(w, { at: 5100, applied }, bound)).toBe('outage');
     waiter.committed(w);
@@ -117,5 +117,28 @@ describe("a batch's wait for a dependency past its bound is the message's only w
     // Once it answers others, a message it still fails past the bound is the message's.
     answered++;
     expect(await waiter.back(down, w, beat)).toBe('none');
+  });
+
+  it('a refusal of a data key given up once is given up at once in a later batch; another key is waited for', async () => {
+    const waiter = dependencyWaiter({
+      log: silentLogger,
+      signal: new AbortController().signal,
+      maxAttempts: 1,
+      retryBaseMs: 1,
+      retryMaxMs: 1000, // bound: 4 s
+      applied: () => 0,
+    });
+    const refused = (subject: string) =>
+      new UnavailableError('the key provider refused', undefined, { refused: true, subject });
+    const first = dependencyWait();
+    first.tries = 1;
+    first.since = performance.now() - 5000; // past the bound
+    expect(await waiter.back(refused('acme/dk-1'), first, { refused: true, beat: () => {} })).toBe('none');
+    waiter.gaveUp(first, refused('acme/dk-1'));
+    const later = dependencyWait(); // another batch
+    expect(await waiter.back(refused('acme/dk-1'), later, { refused: true, beat: () => {} })).toBe('none');
+    expect(
+      await waiter.back(refused('globex/dk-2'), dependencyWait(), { refused: true, beat: () => {} }),
+    ).toBe('waited');
   });
 });
