@@ -132,6 +132,31 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     CREATE TRIGGER task_lease_token_guard BEFORE INSERT OR UPDATE OF fencing_token ON task_lease
       FOR EACH ROW EXECUTE FUNCTION cairn_lease_token_guard();
 
+    -- What a tenant's role writes is bounded where shared processes read it (the relay, retention,
+    -- the console, failover checks): a value past V8's longest string (~512 MiB rendered; jsonb
+    -- renders a byte as up to 6) killed the process reading it, for every tenant. Sizes are the
+    -- values' own (a CHECK sees them before compression). NOT VALID: rows already there are not
+    -- checked. Topics as Kafka takes them; keys short enough to park (a btree row: tenant, topic
+    -- and key under 2,704 bytes).
+    ALTER TABLE outbox ADD CONSTRAINT outbox_topic_name CHECK (topic ~ '^[A-Za-z0-9._-]{1,249}$' AND topic NOT IN ('.', '..')) NOT VALID;
+    ALTER TABLE outbox ADD CONSTRAINT outbox_key_size CHECK (octet_length(key) <= 2048) NOT VALID;
+    ALTER TABLE outbox ADD CONSTRAINT outbox_headers_size CHECK (pg_column_size(headers) <= 16384) NOT VALID;
+    ALTER TABLE task_state ADD CONSTRAINT task_state_doc_size CHECK (pg_column_size(doc) <= 33554432) NOT VALID;
+    ALTER TABLE task_audit ADD CONSTRAINT task_audit_patch_size
+      CHECK (pg_column_size(patch) <= 33554432 AND octet_length(coalesce(reason, '')) <= 1048576
+             AND octet_length(actor) <= 65536) NOT VALID;
+    ALTER TABLE checkpoint ADD CONSTRAINT checkpoint_doc_size
+      CHECK (pg_column_size(doc) <= 67108864 AND octet_length(reason) <= 1048576) NOT VALID;
+    ALTER TABLE tool_receipt ADD CONSTRAINT tool_receipt_text_size
+      CHECK (octet_length(coalesce(error, '')) <= 1048576 AND octet_length(coalesce(resolution, '')) <= 1048576
+             AND pg_column_size(result) <= 33554432 AND octet_length(worker) <= 65536) NOT VALID;
+
+    -- A tenant reads its own retention policy only (it read every tenant's).
+    ALTER TABLE retention_policy ENABLE ROW LEVEL SECURITY;
+    CREATE POLICY tenant_isolation ON retention_policy
+      USING (tenant_id = (SELECT ${S}.cairn_current_tenant()))
+      WITH CHECK (tenant_id = (SELECT ${S}.cairn_current_tenant()));
+
     CREATE FUNCTION cairn_key_hold_guard() RETURNS trigger LANGUAGE plpgsql
       SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
     BEGIN

@@ -42,11 +42,12 @@ export async function claimKeys(
   const kept: ClaimedRow[] = [];
   let bytes = 0;
   for (const r of rows.slice(0, args.limit)) {
-    if (kept.length > 0 && bytes + r.payload.length > (args.maxBytes ?? Number.MAX_SAFE_INTEGER)) {
+    const size = r.payload.length + JSON.stringify(r.headers ?? null).length + (r.key?.length ?? 0);
+    if (kept.length > 0 && bytes + size > (args.maxBytes ?? Number.MAX_SAFE_INTEGER)) {
       full = true;
       break;
     }
-    bytes += r.payload.length;
+    bytes += size;
     kept.push(r);
   }
   return { rows: kept, full };

@@ -157,7 +157,10 @@ export function createReceiptStoreWithTestHooks(
     try {
       result = await input.effect({ ...ref, attempt });
     } catch (err) {
-      const message = (err as Error)?.message ?? String(err);
+      // Kept to 64 Ki characters: the receipt's error is bounded (migration 0017), and an
+      // effect's message of any length must not keep its outcome from being recorded.
+      const full = (err as Error)?.message ?? String(err);
+      const message = full.length > 65536 ? `${full.slice(0, 65536)}… (truncated)` : full;
       // A call cut off after its request left (a reset, a timeout) may have done its work: the
       // outcome is unknown, and an unknown outcome is compensated or gated, never run again
       // blindly. A tool declared idempotent may run again: the external API dedupes by the key.

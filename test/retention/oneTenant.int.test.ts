@@ -119,6 +119,13 @@ describe("one tenant's own rows and one retention run for every tenant", () => {
     }
   });
 
+  it("a tenant reads its own retention policy, not another's", async () => {
+    const seen = await sql<{ tenant_id: string }>`SELECT tenant_id FROM retention_policy`.execute(
+      as[attacker]!,
+    );
+    expect(seen.rows.map((r) => r.tenant_id)).toEqual([attacker]);
+  });
+
   it("a lock a tenant takes under the name of another's holds stalls neither its retention nor a hold", async () => {
     await cancelledTask(victim, 'vic-3');
     let end!: () => void;

@@ -43,31 +43,43 @@ describe("a tenant's own outbox row naming a topic no broker accepts", () => {
     ['empty', ''],
     ['too long', 'x'.repeat(300)],
     ['with a space', 'no such topic'],
-  ])("(%s) parks its own key only; another tenant's messages go on", async (_label, bad) => {
-    await sql`INSERT INTO outbox (lane, message_id, topic, key, payload)
+  ])(
+    "(%s) is refused at insert; one written before migration 0017 parks its own key only, and another tenant's messages go on",
+    async (_label, bad) => {
+      const insert = () =>
+        sql`INSERT INTO outbox (lane, message_id, topic, key, payload)
               VALUES (${laneOf('k')}, gen_random_uuid(), ${bad}, 'k', '\\x00')`.execute(asA);
-    await asB.transaction().execute((t) => outbox.enqueue(t, [{ topic, key: 'b1', payload: { n: 1 } }]));
-    const relay = createRelay({
-      db: tdb.db,
-      publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
-      instanceId: 'r1',
-      publishRetries: 1,
-    });
-    const run = relay.run();
-    try {
-      await waitFor(
-        "tenant B's message to be published",
-        async () =>
-          (await tdb.db.selectFrom('outbox').select('id').where('tenant_id', '=', 'tenant-b').execute())
-            .length === 0,
-        30_000,
+      await expect(insert()).rejects.toThrow(/outbox_topic_name/);
+      // A row from before 0017 (its CHECK is NOT VALID: rows already there stay).
+      await sql`ALTER TABLE outbox DROP CONSTRAINT outbox_topic_name`.execute(tdb.db);
+      await insert();
+      await sql`ALTER TABLE outbox ADD CONSTRAINT outbox_topic_name
+                CHECK (topic ~ '^[A-Za-z0-9._-]{1,249}$' AND topic NOT IN ('.', '..')) NOT VALID`.execute(
+        tdb.db,
       );
-      expect(relay.stats().parked).toBe(1);
-    } finally {
-      await relay.stop();
-      await run.catch(() => {});
-      await tdb.db.deleteFrom('outbox').execute();
-      await tdb.db.deleteFrom('outbox_parked_key').execute();
-    }
-  });
+      await asB.transaction().execute((t) => outbox.enqueue(t, [{ topic, key: 'b1', payload: { n: 1 } }]));
+      const relay = createRelay({
+        db: tdb.db,
+        publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+        instanceId: 'r1',
+        publishRetries: 1,
+      });
+      const run = relay.run();
+      try {
+        await waitFor(
+          "tenant B's message to be published",
+          async () =>
+            (await tdb.db.selectFrom('outbox').select('id').where('tenant_id', '=', 'tenant-b').execute())
+              .length === 0,
+          30_000,
+        );
+        expect(relay.stats().parked).toBe(1);
+      } finally {
+        await relay.stop();
+        await run.catch(() => {});
+        await tdb.db.deleteFrom('outbox').execute();
+        await tdb.db.deleteFrom('outbox_parked_key').execute();
+      }
+    },
+  );
 });
