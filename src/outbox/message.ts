@@ -25,10 +25,20 @@ const TRACEPARENT = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/;
 export const OutboxMessageInput = z.strictObject({
   topic: TopicName,
   /** Partition key; defaults to the task id when enqueued through a task update. */
-  key: z.string().min(1).max(1024).optional(),
+  key: z
+    .string()
+    .min(1)
+    .max(1024)
+    .refine((k) => Buffer.byteLength(k) <= 2048, { message: 'must be at most 2048 bytes in UTF-8' })
+    .optional(),
   /** JSON (validated by the topic's registered schema, if any) or raw bytes. */
   payload: z.union([z.instanceof(Buffer), z.unknown()]),
-  headers: z.record(z.string().regex(/^[A-Za-z0-9._-]{1,128}$/), z.string().max(8192)).optional(),
+  headers: z
+    .record(z.string().regex(/^[A-Za-z0-9._-]{1,128}$/), z.string().max(8192))
+    .refine((h) => Buffer.byteLength(JSON.stringify(h)) <= 12288, {
+      message: 'must be at most 12 KiB in all (as JSON)',
+    })
+    .optional(),
   /** Makes the message id deterministic: the same key always yields the same message_id. */
   idempotencyKey: z.string().min(1).max(512).optional(),
   /** W3C trace context, forwarded as the `traceparent` header. */

@@ -67,6 +67,16 @@ describe('outbox enqueue', () => {
         /payload: is 2097152 bytes, over the limit of 1048576/,
       ],
       [{ topic, key: 'k', payload: {}, colour: 'red' }, /unknown key\(s\) "colour"/],
+      [{ topic, key: '鍵'.repeat(1000), payload: { kind: 'x', n: 1 } }, /key: must be at most 2048 bytes/],
+      [
+        {
+          topic,
+          key: 'k',
+          payload: { kind: 'x', n: 1 },
+          headers: { a: 'v'.repeat(8000), b: 'v'.repeat(8000) },
+        },
+        /headers: must be at most 12 KiB in all/,
+      ],
     ];
     for (const [message, error] of bad) {
       await expect(
