@@ -309,14 +309,16 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       await wakeup.end();
       return;
     }
-    let lastRebalance = 0;
+    // A monotonic clock: a wall clock stepped back (NTP) stopped renewals until it caught up,
+    // and the leases, timed by the database, expired under a relay still publishing.
+    let lastRebalance = Number.NEGATIVE_INFINITY;
     let idle = 1;
     try {
       while (!stopping) {
         try {
-          if (Date.now() - lastRebalance >= renewEveryMs) {
+          if (performance.now() - lastRebalance >= renewEveryMs) {
             await rebalance();
-            lastRebalance = Date.now();
+            lastRebalance = performance.now();
           }
           // Without lanes nothing waits for the broker here: say so (the metric would alert forever).
           if (owned.size === 0 && stats.waitingFor === 'kafka') stats.waitingFor = null;

@@ -110,8 +110,8 @@ export function createWalMode(o: {
       stream = undefined;
       if (why && unstreamable(why)) return remakeSlot(why.message);
     }
-    if (Date.now() < retryAt) return;
-    retryAt = Date.now() + 2000;
+    if (performance.now() < retryAt) return;
+    retryAt = performance.now() + 2000;
     try {
       const { rows } = await sql<{ lsn: string | null }>`
         SELECT confirmed_flush_lsn::text AS lsn FROM pg_replication_slots WHERE slot_name = ${slot}`.execute(
@@ -165,14 +165,14 @@ export function createWalMode(o: {
     );
     if (claim.rows.length > 0) await o.publish(claim.rows);
     else await o.deletes.finish();
-    routing.swept(what, { full: claim.full, parkedBefore, now: Date.now() });
+    routing.swept(what, { full: claim.full, parkedBefore, now: performance.now() });
     return { n: claim.rows.length, full: claim.full };
   }
 
   /** The taken rows the table still has, once their transactions are visible; undefined: not visible in time. */
   async function stillInTable(rows: readonly StreamRow[]): Promise<StreamRow[] | undefined> {
     const xids = [...new Set(rows.map((r) => r.xid))];
-    const until = Date.now() + VISIBLE_WITHIN_MS;
+    const until = performance.now() + VISIBLE_WITHIN_MS;
     for (;;) {
       const { visible, present } = await presentRows(
         db,
@@ -180,7 +180,7 @@ export function createWalMode(o: {
         xids,
       );
       if (visible) return rows.filter((r) => present.has(r.id));
-      if (Date.now() > until) return undefined;
+      if (performance.now() > until) return undefined;
       await new Promise((r) => setTimeout(r, 2));
     }
   }
@@ -226,7 +226,7 @@ export function createWalMode(o: {
       await ensureStream();
       routing.lanesOwned(o.owned());
       const parkedSoFar = o.stats.parked;
-      const due = routing.sweepDue(Date.now());
+      const due = routing.sweepDue(performance.now());
       const step = due ? await sweep(due) : stream ? await fromStream(stream) : { n: 0, full: false };
       // A key parked during the step: held until an operator releases it and a sweep drains it.
       if (o.stats.parked !== parkedSoFar) routing.parked(await parkedKeys());

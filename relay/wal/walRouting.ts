@@ -64,7 +64,7 @@ export function createWalRouting(o: { sweepEveryMs: number }): WalRouting {
   const heldLanes = new Set<number>();
   const heldKeys = new Set<string>();
   const xids = new Set<number>();
-  let lastKeySweep = 0;
+  let lastKeySweep = Number.NEGATIVE_INFINITY;
 
   return {
     lanesOwned(next) {
