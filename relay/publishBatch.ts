@@ -1,6 +1,7 @@
 import pRetry, { AbortError } from 'p-retry';
 import type { Db } from '../src/db/database.js';
-import { isPoisonError } from '../src/kafka/classifyError.js';
+import { isPoisonError, isProducerStateError } from '../src/kafka/classifyError.js';
+import { PartlyPublishedError } from '../src/kafka/partlyPublished.js';
 import type { Publisher, PublishMessage } from '../src/kafka/publisher.js';
 import type { Logger } from '../src/logger.js';
 import type { Observations } from '../src/metrics/observations.js';
@@ -101,7 +102,9 @@ async function retrying(c: PublishContext, batch: readonly Ready[]): Promise<voi
       try {
         await c.publisher.publish(batch.map((b) => b.message));
       } catch (err) {
-        if (isPoisonError(err)) throw new AbortError(err as Error);
+        // The same producer would meet the same stale state on every retry: the caller starts
+        // a fresh one (the relay does after a failed batch).
+        if (isPoisonError(err) || isProducerStateError(err)) throw new AbortError(err as Error);
         throw err;
       }
     },
@@ -125,24 +128,54 @@ async function retrying(c: PublishContext, batch: readonly Ready[]): Promise<voi
  * culprit, park its key (its later messages wait), let every other key go on. Only a
  * refusal parks a key: any other failure here (the broker went away mid-isolation) stops
  * the isolation, and the batch is tried again later with nothing parked.
+ *
+ * The messages the broker wrote anyway (other partitions of the refused request, named by the
+ * refusal: see src/kafka/partlyPublished.ts) count as sent and are not sent again. Should a
+ * message still meet the producer's stale idempotence state (a sequence number the broker has
+ * used: kafkajs rolled back those of every partition of the refused request), a fresh producer
+ * sends it: else the isolation would stop there, and the whole batch go out again, forever.
  */
 export async function isolatePoison(
   c: PublishContext,
   batch: readonly Ready[],
+  refusal?: unknown,
 ): Promise<{ sent: number[]; failure?: unknown }> {
+  const acknowledged = refusal instanceof PartlyPublishedError ? refusal.acknowledged : undefined;
   const sent: number[] = [];
   const parkedKeys = new Set<string>();
+  let freshProducer = false;
   for (const b of batch) {
+    if (acknowledged?.has(b.message)) {
+      sent.push(b.row.id);
+      continue;
+    }
     const k = keyOf(b.row);
     if (parkedKeys.has(k)) continue;
-    try {
-      await c.hooks.beforeIsolatedPublish?.(b.row.message_id);
-      await publishWithRetry(c, [b]);
-      sent.push(b.row.id);
-    } catch (err) {
-      if (!isPoisonError(err)) return { sent, failure: err };
-      parkedKeys.add(k);
-      await park(c, b.row, err);
+    for (;;) {
+      try {
+        await c.hooks.beforeIsolatedPublish?.(b.row.message_id);
+        await publishWithRetry(c, [b]);
+        sent.push(b.row.id);
+      } catch (err) {
+        if (isProducerStateError(err) && !freshProducer) {
+          freshProducer = true;
+          c.log.warn(
+            { message_id: b.row.message_id, lane: b.row.lane, err: (err as Error).message },
+            'the producer state is stale after a refused batch; starting a fresh producer',
+          );
+          await c.publisher.disconnect().catch(() => {});
+          try {
+            await c.publisher.connect();
+          } catch (e) {
+            return { sent, failure: e };
+          }
+          continue;
+        }
+        if (!isPoisonError(err)) return { sent, failure: err };
+        parkedKeys.add(k);
+        await park(c, b.row, err);
+      }
+      break;
     }
   }
   return { sent };

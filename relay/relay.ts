@@ -211,7 +211,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     } catch (err) {
       prefetch = undefined;
       if (!isPoisonError(err)) throw new PublishFailed(err);
-      ({ sent: sentIds, failure } = await isolatePoison(publishing, ready));
+      ({ sent: sentIds, failure } = await isolatePoison(publishing, ready, err));
     }
     await hooks.afterPublish?.(
       stats.batches + 1,

@@ -67,6 +67,28 @@ function someInChain(err: unknown, test: (e: object) => boolean): boolean {
 }
 
 /**
+ * The broker refused a send for the producer's idempotence state (a sequence number it has used,
+ * or an epoch or id it no longer knows): the send says nothing about its messages, and a fresh
+ * producer (a new producer id) sends them.
+ */
+const PRODUCER_STATE_TYPES = new Set([
+  'OUT_OF_ORDER_SEQUENCE_NUMBER',
+  'DUPLICATE_SEQUENCE_NUMBER',
+  'INVALID_PRODUCER_EPOCH',
+  'UNKNOWN_PRODUCER_ID',
+]);
+
+export function isProducerStateError(err: unknown): boolean {
+  return someInChain(err, (e) => {
+    const { type, apiId } = e as { type?: unknown; apiId?: unknown };
+    return (
+      (typeof type === 'string' && PRODUCER_STATE_TYPES.has(type)) ||
+      (typeof apiId === 'string' && PRODUCER_STATE_TYPES.has(apiId))
+    );
+  });
+}
+
+/**
  * Errors at connect that waiting cannot fix: the broker refused our credentials, or an
  * address is not one a socket can use. A refused or timed-out connection is an outage.
  */

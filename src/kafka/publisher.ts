@@ -3,8 +3,10 @@ import { z } from 'zod';
 import { CairnError, CairnErrorCodes } from '../errors.js';
 import { opt, optionsSchema, parseOptions } from '../options.js';
 import { recordingPartitioner, type SentPartition, unacknowledgedPartitions } from './acknowledgements.js';
+import { isPoisonError } from './classifyError.js';
 import { defaultKafkaClient, type KafkaClientName, kafkaClientNames } from './clientChoice.js';
 import { createConfluentPublisher } from './confluentPublisher.js';
+import { sortRefusal } from './partlyPublished.js';
 import { createPlatformaticPublisher } from './platformaticPublisher.js';
 
 /** One message to publish: topic, key, bytes and headers. */
@@ -24,7 +26,11 @@ export interface Publisher {
   readonly address: string;
   /** Connects to the brokers (again, after disconnect()). */
   connect(): Promise<void>;
-  /** Resolves once the broker acknowledged every message (acks=all), in order per partition. */
+  /**
+   * Resolves once the broker acknowledged every message (acks=all), in order per partition.
+   * When the broker refused some messages for good and wrote others, rejects with a
+   * PartlyPublishedError (./partlyPublished.ts) that names the ones it has.
+   */
   publish(messages: readonly PublishMessage[]): Promise<void>;
   /** Closes the connection; connect() may be called again. */
   disconnect(): Promise<void>;
@@ -132,6 +138,35 @@ export function createKafkaPublisher(options: KafkaPublisherOptions): Publisher 
       CairnErrorCodes.NotConnected,
       `publisher to ${opts.brokers.join(',')} is not connected: call connect() before publish()`,
     );
+  async function send(
+    p: Producer,
+    topicMessages: Array<{ topic: string; messages: PublishMessage[] }>,
+  ): Promise<void> {
+    const acks = await p.sendBatch({
+      acks: -1,
+      ...(opts.compression ? { compression: CompressionTypes.GZIP } : {}),
+      topicMessages,
+    });
+    // kafkajs may resolve a send that never reached a partition whose leader moved during its
+    // retries (see ./acknowledgements.ts): only every partition's own answer counts. The
+    // partitions written to, once each (a handful per batch, not one entry per message).
+    const sent: SentPartition[] = [];
+    for (const { topic, messages: ms } of topicMessages) {
+      const partitions = new Set<number>();
+      for (const m of ms) partitions.add(partitionOf.get(m) ?? -1);
+      for (const partition of partitions) sent.push({ topic, partition });
+    }
+    const missing = unacknowledgedPartitions(sent, acks);
+    if (missing.length > 0) {
+      throw new CairnError(
+        CairnErrorCodes.PublishFailed,
+        `kafkajs resolved a send to ${opts.brokers.join(',')} without an acknowledgement from ` +
+          `${missing.map((m) => `${m.topic}/${m.partition}`).join(', ')} (a partition leader moved ` +
+          'during its retries): those messages may never have been written; send the batch again',
+        { retriable: true },
+      );
+    }
+  }
   return {
     address: opts.brokers.join(','),
     async connect() {
@@ -153,29 +188,11 @@ export function createKafkaPublisher(options: KafkaPublisherOptions): Publisher 
         else byTopic.set(m.topic, [m]);
       }
       const topicMessages = [...byTopic].map(([topic, list]) => ({ topic, messages: list }));
-      const acks = await p.sendBatch({
-        acks: -1,
-        ...(opts.compression ? { compression: CompressionTypes.GZIP } : {}),
-        topicMessages,
-      });
-      // kafkajs may resolve a send that never reached a partition whose leader moved during its
-      // retries (see ./acknowledgements.ts): only every partition's own answer counts. The
-      // partitions written to, once each (a handful per batch, not one entry per message).
-      const sent: SentPartition[] = [];
-      for (const { topic, messages: ms } of topicMessages) {
-        const partitions = new Set<number>();
-        for (const m of ms) partitions.add(partitionOf.get(m) ?? -1);
-        for (const partition of partitions) sent.push({ topic, partition });
-      }
-      const missing = unacknowledgedPartitions(sent, acks);
-      if (missing.length > 0) {
-        throw new CairnError(
-          CairnErrorCodes.PublishFailed,
-          `kafkajs resolved a send to ${opts.brokers.join(',')} without an acknowledgement from ` +
-            `${missing.map((m) => `${m.topic}/${m.partition}`).join(', ')} (a partition leader moved ` +
-            'during its retries): those messages may never have been written; send the batch again',
-          { retriable: true },
-        );
+      try {
+        await send(p, topicMessages);
+      } catch (err) {
+        if (!isPoisonError(err)) throw err;
+        throw await sortRefusal(err, topicMessages, partitionOf, (tm) => send(p, tm));
       }
     },
     async disconnect() {
