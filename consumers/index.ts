@@ -21,6 +21,7 @@ export {
   type InboxConsumer,
   type InboxConsumerOptions,
   type InboxHandler,
+  type InboxHandlerContext,
   type InboxMessage,
   type InboxStats,
   type NoCairnNames,
