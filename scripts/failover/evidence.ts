@@ -119,6 +119,10 @@ export async function regionATruth(
       if (m.taskId && at.receipts.has(m.idempotencyKey) && !b.receipts.has(m.idempotencyKey))
         justified.add(m.taskId);
     }
+    // A message region A published that the mirror lacks is lost to region B whatever the
+    // task's version (mirrorTruth checks against A's broker that each one really is missing):
+    // its task is held for it, not flagged falsely.
+    for (const u of report.unmirroredMessages) justified.add(u.taskId);
     const falselyFlagged = (o.held ?? report.divergedTasks).filter((id) => !justified.has(id));
     const digestMismatched = o.rebuilt?.size ? await mismatchedDigests(a, o.rebuilt) : [];
     log(
