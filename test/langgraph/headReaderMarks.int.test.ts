@@ -7,30 +7,17 @@
  */
 import type { RunnableConfig } from '@langchain/core/runnables';
 import { type Checkpoint, emptyCheckpoint, uuid6 } from '@langchain/langgraph-checkpoint';
-import { Migrator, sql } from 'kysely';
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CairnSaver } from '../../langgraph/index.js';
-import { migrationProvider } from '../../migrations/index.js';
-import { MIGRATION_LOCK_TABLE, MIGRATION_TABLE } from '../../src/db/adoptLegacyMigrations.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
-import { schemaOf } from '../../src/db/tenant.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
 const ring = { current: 'k1', keys: { k1: Buffer.alloc(32, 9) } };
 let t: TestDatabase;
 
 beforeAll(async () => {
-  t = await createTestDatabase('langgraph_head_marks', { migrate: false });
-  await sql`CREATE SCHEMA ${sql.id(schemaOf(t.db))}`.execute(t.db);
-  const before = new Migrator({
-    db: t.db,
-    provider: migrationProvider,
-    migrationTableSchema: schemaOf(t.db),
-    migrationTableName: MIGRATION_TABLE,
-    migrationLockTableName: MIGRATION_LOCK_TABLE,
-  });
-  const { error } = await before.migrateTo('0016_lease_tokens');
-  if (error) throw error;
+  t = await createTestDatabase('langgraph_head_marks', { migrateTo: '0016_lease_tokens' });
 });
 afterAll(async () => {
   await t?.drop();

@@ -6,13 +6,10 @@
  * Migration 0017 starts it again past the tokens a lease could have reached by counting, and
  * a token past what JavaScript numbers hold exactly is refused.
  */
-import { Migrator, sql } from 'kysely';
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { migrationProvider } from '../../migrations/index.js';
-import { MIGRATION_LOCK_TABLE, MIGRATION_TABLE } from '../../src/db/adoptLegacyMigrations.js';
 import type { Db } from '../../src/db/database.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
-import { schemaOf } from '../../src/db/tenant.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
@@ -25,17 +22,7 @@ let asA: Db;
 let asB: Db;
 
 beforeAll(async () => {
-  t = await createTestDatabase('planted_token', { migrate: false });
-  await sql`CREATE SCHEMA ${sql.id(schemaOf(t.db))}`.execute(t.db);
-  const before = new Migrator({
-    db: t.db,
-    provider: migrationProvider,
-    migrationTableSchema: schemaOf(t.db),
-    migrationTableName: MIGRATION_TABLE,
-    migrationLockTableName: MIGRATION_LOCK_TABLE,
-  });
-  const { error } = await before.migrateTo('0015_tenant_writes');
-  if (error) throw error;
+  t = await createTestDatabase('planted_token', { migrateTo: '0015_tenant_writes' });
   ({ app, asA, asB } = await twoTenants(t, 2));
   // Before the upgrade: tenant A's own task and lease, its token set by its own SQL.
   await createTaskStore({ db: asA }).create({

@@ -1,8 +1,12 @@
 import { randomBytes } from 'node:crypto';
+import { Migrator, sql } from 'kysely';
 import { inject } from 'vitest';
+import { migrationProvider } from '../../migrations/index.js';
 import { createScratchDatabase } from '../../scripts/lib/scratchDatabase.js';
+import { MIGRATION_LOCK_TABLE, MIGRATION_TABLE } from '../../src/db/adoptLegacyMigrations.js';
 import { createDb, type Db } from '../../src/db/database.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
+import { schemaOf } from '../../src/db/tenant.js';
 import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
 
@@ -16,11 +20,12 @@ export interface TestDatabase {
 
 /**
  * A database of its own for one test file, so files run in parallel without sharing rows.
- * `migrate: false` gives an empty database (for migration tests).
+ * `migrate: false` gives an empty database (for migration tests); `migrateTo` one migrated up to
+ * that migration (an upgrade test then runs the rest).
  */
 export async function createTestDatabase(
   label: string,
-  opts: { migrate?: boolean; max?: number; schema?: string } = {},
+  opts: { migrate?: boolean; migrateTo?: string; max?: number; schema?: string } = {},
 ): Promise<TestDatabase> {
   const name = `cairn_t_${label
     .replace(/[^a-z0-9]/gi, '_')
@@ -33,7 +38,17 @@ export async function createTestDatabase(
     max: opts.max ?? 10,
     ...(opts.schema ? { schema: opts.schema } : {}),
   });
-  if (opts.migrate !== false) await migrateToLatest(db);
+  if (opts.migrateTo !== undefined) {
+    await sql`CREATE SCHEMA ${sql.id(schemaOf(db))}`.execute(db);
+    const { error } = await new Migrator({
+      db,
+      provider: migrationProvider,
+      migrationTableSchema: schemaOf(db),
+      migrationTableName: MIGRATION_TABLE,
+      migrationLockTableName: MIGRATION_LOCK_TABLE,
+    }).migrateTo(opts.migrateTo);
+    if (error) throw error;
+  } else if (opts.migrate !== false) await migrateToLatest(db);
   return {
     url,
     name,
