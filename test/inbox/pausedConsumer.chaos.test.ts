@@ -40,7 +40,6 @@ it("a consumer SIGSTOPped inside its chunk: the partition's new owner applies ev
     TOPIC: topic,
     CONSUMER_NAME: name,
     CHUNK_SIZE: '50',
-    CAIRN_LOG_LEVEL: 'info', // B's lock waits are logged at info
     ...extra,
   });
   // A stops in the handler of its 75th message: chunk 1 (50) committed, chunk 2 open with 25
