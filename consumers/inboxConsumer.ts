@@ -132,20 +132,14 @@ export function createInboxConsumerWithTestHooks(
     // Heartbeats go on while the transaction is open, the handler's own waits included: each
     // wait in it is bounded (boundChunkTransaction, the handler's deadline), and a member that
     // lost its session at each slow message would never spend a hung message's attempts (they
-    // are counted by the partition's owner), so it would never be dead-lettered. Not past a
-    // deadline with no progress, though: a statement whose answer never comes (Postgres cut
-    // off, no server-side timeout reaches us) must let the session go, as it did before.
-    let progressAt = performance.now();
-    const beating = setInterval(() => {
-      if (performance.now() - progressAt < handlerTimeoutMs + 5_000) heartbeat.beat();
-    }, 500);
+    // are counted by the partition's owner), so it would never be dead-lettered.
+    const beating = setInterval(() => heartbeat.beat(), 500);
     // A task changed in a handler records the message in its changelog record (a replay
     // after a failover restores the inbox row from it).
     const mark = consumptionMark(trx);
     try {
       const pid = await boundChunkTransaction(trx, handlerTimeoutMs);
       const fresh = await insertInboxRows(trx, groupId, chunk);
-      progressAt = performance.now();
       const handle = (m: InboxMessage) =>
         runWithDeadline((signal) => handler(trx, m, { signal }), {
           db,
@@ -189,7 +183,6 @@ export function createInboxConsumerWithTestHooks(
         if (stamped) await stamped;
         if (seconds !== undefined) latencies.push(seconds);
         counts.applied++;
-        progressAt = performance.now();
         heartbeat.beat();
       }
     } finally {

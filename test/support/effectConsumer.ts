@@ -3,9 +3,7 @@
  * `effects` (no unique constraint, so a double application shows up as two rows). Settings
  * from the environment: DATABASE_URL, KAFKA_BROKERS, GROUP, TOPIC, CONSUMER_NAME, and
  * CAIRN_FAULT_KILL_AFTER_DB_COMMIT=N (SIGKILL itself after the Nth database commit, before
- * the offset commit), CAIRN_FAULT_STOP_AT_MESSAGE=N (SIGSTOP itself in the handler of its Nth
- * message, after its effect, with the chunk's transaction open), HANDLER_TIMEOUT_MS,
- * CAIRN_METRICS_PORT (/readyz, /metrics). Started while Postgres or the
+ * the offset commit), CAIRN_METRICS_PORT (/readyz, /metrics). Started while Postgres or the
  * broker is down, it waits for them like the demo's consumers (runUntilSigterm).
  */
 import { sql } from 'kysely';
@@ -26,8 +24,6 @@ const db = createDb({ connectionString: databaseUrl, max: 4 });
 const killAfter = process.env.CAIRN_FAULT_KILL_AFTER_DB_COMMIT
   ? Number(process.env.CAIRN_FAULT_KILL_AFTER_DB_COMMIT)
   : 0;
-const stopAt = Number(process.env.CAIRN_FAULT_STOP_AT_MESSAGE ?? 0);
-let handled = 0;
 const name = process.env.CONSUMER_NAME ?? 'consumer';
 const logger = createLogger({ name: `effect-consumer-${name}` });
 
@@ -45,13 +41,11 @@ const consumer = createInboxConsumerWithTestHooks(
     dlqPublisher: createKafkaPublisher({ brokers }),
     logger,
     chunkSize: Number(process.env.CHUNK_SIZE ?? 100),
-    ...(process.env.HANDLER_TIMEOUT_MS ? { handlerTimeoutMs: Number(process.env.HANDLER_TIMEOUT_MS) } : {}),
     handler: async (trx, m) => {
       const { key, seq } = m.json<{ key: string; seq: number }>();
       await sql`INSERT INTO effects (message_id, key, seq, consumer) VALUES (${m.messageId}, ${key}, ${seq}, ${name})`.execute(
         trx,
       );
-      if (stopAt && ++handled === stopAt) process.kill(process.pid, 'SIGSTOP');
     },
   },
   {
