@@ -1,8 +1,8 @@
 import type { Db } from '../src/db/database.js';
-import { CairnError, CairnErrorCodes, messageOf } from '../src/errors.js';
+import { messageOf } from '../src/errors.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import type { Logger } from '../src/logger.js';
-import { DLQ_HEADER, deadLetterTopic, HEADER } from '../src/outbox/wire.js';
+import { DLQ_HEADER, HEADER } from '../src/outbox/wire.js';
 import type { InboxMessage } from './inboxMessage.js';
 import { appliedBy } from './sql/insertInboxRows.js';
 import { recordDeadLetter } from './sql/recordDeadLetter.js';
@@ -28,27 +28,31 @@ export function deadLetterer(o: {
         );
         return;
       }
-      const topic = deadLetterTopic(m.topic);
-      try {
-        // A connect that failed (the broker restarting) is tried again by the next dead letter:
-        // kept, its rejection failed every dead letter of this process and held its partition.
-        connected ??= o.publisher.connect().catch((err: unknown) => {
-          connected = undefined;
-          throw err;
-        });
-        await connected;
-        // Publish first, then record: a crash in between re-sends the same dead letter (same message id), never loses it.
-        await publish(m, topic, message, attempts);
-      } catch (err) {
-        // The caller waits for it (it is never the message's): the broker down, the topic
-        // missing on a broker that creates none, or refused (too long a name, too large a record).
-        throw new CairnError(
-          CairnErrorCodes.DeadLetterUnpublished,
-          `the dead letter of message ${m.messageId} could not be published to ${topic}: ${messageOf(err)}. ` +
-            'The message is kept (not applied) until the broker takes it: check that topic',
-          { retriable: true, cause: err },
-        );
-      }
+      // A connect that failed (the broker restarting) is tried again by the next dead letter:
+      // kept, its rejection failed every dead letter of this process and held its partition.
+      connected ??= o.publisher.connect().catch((err: unknown) => {
+        connected = undefined;
+        throw err;
+      });
+      await connected;
+      // Publish first, then record: a crash in between re-sends the same dead letter (same message id), never loses it.
+      await o.publisher.publish([
+        {
+          topic: `${m.topic}.dlq`,
+          key: m.key ?? m.messageId,
+          value: m.value ?? Buffer.alloc(0),
+          headers: {
+            ...m.headers,
+            [HEADER.messageId]: m.messageId,
+            [DLQ_HEADER.error]: message.slice(0, 2000),
+            [DLQ_HEADER.consumerGroup]: o.groupId,
+            [DLQ_HEADER.originalTopic]: m.topic,
+            [DLQ_HEADER.originalPartition]: String(m.partition),
+            [DLQ_HEADER.originalOffset]: m.offset,
+            [DLQ_HEADER.attempts]: String(attempts),
+          },
+        },
+      ]);
       const recorded = await o.db
         .transaction()
         .execute((trx) =>
@@ -71,24 +75,4 @@ export function deadLetterer(o: {
       if (connected) await o.publisher.disconnect().catch(() => {});
     },
   };
-
-  function publish(m: InboxMessage, topic: string, message: string, attempts: number): Promise<void> {
-    return o.publisher.publish([
-      {
-        topic,
-        key: m.key ?? m.messageId,
-        value: m.value ?? Buffer.alloc(0),
-        headers: {
-          ...m.headers,
-          [HEADER.messageId]: m.messageId,
-          [DLQ_HEADER.error]: message.slice(0, 2000),
-          [DLQ_HEADER.consumerGroup]: o.groupId,
-          [DLQ_HEADER.originalTopic]: m.topic,
-          [DLQ_HEADER.originalPartition]: String(m.partition),
-          [DLQ_HEADER.originalOffset]: m.offset,
-          [DLQ_HEADER.attempts]: String(attempts),
-        },
-      },
-    ]);
-  }
 }

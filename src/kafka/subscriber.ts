@@ -2,7 +2,6 @@ import type { Consumer } from 'kafkajs';
 import { z } from 'zod';
 import { type Logger, silentLogger } from '../logger.js';
 import { opt, optionsSchema, parseOptions } from '../options.js';
-import { deadLetterTopic, MAX_TOPIC_LENGTH } from '../outbox/wire.js';
 import { kafkaAdminOf } from './admin.js';
 import { defaultKafkaClient, type KafkaClientName, kafkaClientNames } from './clientChoice.js';
 import { createConfluentSubscriber } from './confluentSubscriber.js';
@@ -85,28 +84,11 @@ export interface KafkaSubscriberOptions {
   client?: KafkaClientName;
 }
 
-/**
- * A topic the inbox consumer can read and dead-letter: Kafka refuses a `<topic>.dlq` of more
- * than 249 characters at every publish, so a topic of 246-249 is refused here, at start,
- * rather than at its first poison message.
- */
-const readTopic = () =>
-  opt.text().superRefine((topic, ctx) => {
-    const dlq = deadLetterTopic(topic);
-    if (dlq.length > MAX_TOPIC_LENGTH)
-      ctx.addIssue({
-        code: 'custom',
-        message:
-          `"${topic}" (${topic.length} characters) has a dead-letter topic "${dlq}" of ${dlq.length} characters, ` +
-          `and Kafka takes at most ${MAX_TOPIC_LENGTH}: read a topic of at most ${MAX_TOPIC_LENGTH - (dlq.length - topic.length)} characters`,
-      });
-  });
-
 const KafkaSubscriberOptionsSchema = optionsSchema<KafkaSubscriberOptions>()(
   z.strictObject({
     brokers: z.array(opt.text()).min(1, 'must name at least one broker (host:port)'),
     groupId: opt.text(),
-    topics: z.array(readTopic()).min(1, 'must name at least one topic'),
+    topics: z.array(opt.text()).min(1, 'must name at least one topic'),
     clientId: opt.text().optional(),
     fromBeginning: z.boolean().optional(),
     sessionTimeoutMs: opt.ms().optional(),
@@ -161,13 +143,6 @@ export function createKafkaSubscriber(options: KafkaSubscriberOptions): Subscrib
     try {
       const created = await ensureTopics(admin, opts.topics, createTopics);
       if (created.length > 0) log.info({ topics: created, ...createTopics }, 'created missing topics');
-      // The dead-letter topics, created now rather than by the first dead letter: a broker
-      // that creates no topic of itself refused every dead letter, and a name it refuses
-      // (too long, colliding with another) fails here, naming it, not at the first poison
-      // message. Dead letters are few: one partition unless createTopics says otherwise.
-      const dlqSettings = createTopics ?? { numPartitions: 1 };
-      const dlqs = await ensureTopics(admin, opts.topics.map(deadLetterTopic), dlqSettings);
-      if (dlqs.length > 0) log.info({ topics: dlqs, ...dlqSettings }, 'created missing dead-letter topics');
     } finally {
       await admin.close().catch(() => {});
     }

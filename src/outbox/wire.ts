@@ -98,11 +98,3 @@ export class BadRowError extends CairnError {
     super(CairnErrorCodes.UnpublishableRow, `outbox message ${messageId} cannot be published: ${what}`);
   }
 }
-
-/** Where an inbox consumer dead-letters the messages of `topic`. */
-export function deadLetterTopic(topic: string): string {
-  return `${topic}.dlq`;
-}
-
-/** The longest topic name Kafka takes. */
-export const MAX_TOPIC_LENGTH = 249;
