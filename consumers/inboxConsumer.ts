@@ -8,7 +8,7 @@ import {
   SqlState,
   sqlState,
 } from '../src/db/sqlstate.js';
-import { CairnError, CairnErrorCodes, mayRetry, messageOf, UnavailableError } from '../src/errors.js';
+import { CairnError, mayRetry, messageOf, UnavailableError } from '../src/errors.js';
 import type { ReceivedBatch } from '../src/kafka/subscriber.js';
 import { silentLogger } from '../src/logger.js';
 import { parseOptions } from '../src/options.js';
@@ -17,13 +17,6 @@ import { consumptionMark } from '../src/state/changelog.js';
 import { chunkSizer } from './chunkSize.js';
 import { deadLetterer } from './deadLetterMessage.js';
 import { type DependencyWait, dependencyWait, dependencyWaiter } from './dependencyWait.js';
-import {
-  boundChunkTransaction,
-  DEFAULT_HANDLER_TIMEOUT_MS,
-  HandlerTimeoutError,
-  heldElsewhere,
-  runWithDeadline,
-} from './handlerDeadline.js';
 import { type BatchHeartbeat, batchHeartbeat } from './heartbeat.js';
 import { InboxConsumerOptionsSchema } from './options.js';
 import { applyTracing } from './processSpan.js';
@@ -38,7 +31,6 @@ export type {
   InboxConsumer,
   InboxConsumerOptions,
   InboxHandler,
-  InboxHandlerContext,
   InboxStats,
   InboxTestHooks,
   NoCairnNames,
@@ -91,7 +83,6 @@ export function createInboxConsumerWithTestHooks(
   const maxAttempts = options.maxAttempts ?? 5;
   const retryBaseMs = options.retryBaseMs ?? 100;
   const retryMaxMs = options.retryMaxMs ?? 5000;
-  const handlerTimeoutMs = options.handlerTimeoutMs ?? DEFAULT_HANDLER_TIMEOUT_MS;
   const stats: InboxStats = {
     applied: 0,
     duplicates: 0,
@@ -103,8 +94,6 @@ export function createInboxConsumerWithTestHooks(
   };
   let pruneTimer: NodeJS.Timeout | undefined;
   let waitingForDb = false;
-  /** Batches waiting for the broker to take a dead letter. */
-  let waitingForDlq = 0;
   const stopWaiting = new AbortController();
   const dependencies = dependencyWaiter({
     log,
@@ -126,27 +115,14 @@ export function createInboxConsumerWithTestHooks(
   });
 
   /** Applies the new messages of a chunk in one transaction; returns counts to add once it committed. */
-  async function applyChunk(trx: Trx, chunk: readonly InboxMessage[], heartbeat: BatchHeartbeat) {
+  async function applyChunk(trx: Trx, chunk: readonly InboxMessage[], heartbeat?: BatchHeartbeat) {
     const counts = { applied: 0, duplicates: 0, stale: 0 };
     const latencies: number[] = [];
-    // Heartbeats go on while the transaction is open, the handler's own waits included: each
-    // wait in it is bounded (boundChunkTransaction, the handler's deadline), and a member that
-    // lost its session at each slow message would never spend a hung message's attempts (they
-    // are counted by the partition's owner), so it would never be dead-lettered.
-    const beating = setInterval(() => heartbeat.beat(), 500);
+    const fresh = await insertInboxRows(trx, groupId, chunk);
     // A task changed in a handler records the message in its changelog record (a replay
     // after a failover restores the inbox row from it).
     const mark = consumptionMark(trx);
     try {
-      const pid = await boundChunkTransaction(trx, handlerTimeoutMs);
-      const fresh = await insertInboxRows(trx, groupId, chunk);
-      const handle = (m: InboxMessage) =>
-        runWithDeadline((signal) => handler(trx, m, { signal }), {
-          db,
-          pid,
-          ms: handlerTimeoutMs,
-          message: m,
-        });
       for (const m of chunk) {
         // `fresh` holds each new (tenant, id) once; a second copy in the same chunk is a duplicate too.
         if (!fresh.delete(inboxKey(m))) {
@@ -174,19 +150,19 @@ export function createInboxConsumerWithTestHooks(
         mark.applying(consumedAs(groupId, m));
         let seconds: number | undefined;
         if (traced.bare(m)) {
-          await handle(m);
+          await handler(trx, m);
           seconds = traced.observe(m);
         } else {
-          seconds = await traced.run(m, () => handle(m));
+          seconds = await traced.run(m, () => handler(trx, m));
         }
         const stamped = mark.finish();
         if (stamped) await stamped;
         if (seconds !== undefined) latencies.push(seconds);
         counts.applied++;
-        heartbeat.beat();
+        // The session lives on through a chunk whose handlers turn slow.
+        heartbeat?.beat();
       }
     } finally {
-      clearInterval(beating);
       mark.clear();
     }
     return { counts, latencies };
@@ -264,39 +240,16 @@ export function createInboxConsumerWithTestHooks(
   }
 
   /**
-   * Waits `ms` (at most; stop() ends it) while the batch's session lives on: what a batch does
-   * between two tries of something that is not the message's fault.
-   */
-  async function pause(ms: number, run: BatchRun): Promise<void> {
-    const until = performance.now() + ms;
-    while (!stopWaiting.signal.aborted && performance.now() < until) {
-      run.heartbeat.beat();
-      await sleep(Math.min(500, until - performance.now()), undefined, { signal: stopWaiting.signal }).catch(
-        () => {},
-      );
-    }
-  }
-
-  /**
    * One message in its own transaction, with retries; dead-lettered when it keeps failing.
    * false when it was neither applied nor dead-lettered (a stop, or the partition lost while
-   * Postgres was down): the caller hands the rest of the batch back. `firstFailure`: its
-   * handler was already abandoned at its deadline in the chunk, which was its first attempt.
+   * Postgres was down): the caller hands the rest of the batch back.
    */
-  async function applyAlone(m: InboxMessage, run: BatchRun, firstFailure?: unknown): Promise<boolean> {
+  async function applyAlone(m: InboxMessage, run: BatchRun): Promise<boolean> {
     for (let attempt = 1; ; attempt++) {
       try {
-        if (attempt === 1 && firstFailure !== undefined) throw firstFailure;
-        committed(await db.transaction().execute((trx) => applyChunk(trx, [m], run.heartbeat)), run);
+        committed(await db.transaction().execute((trx) => applyChunk(trx, [m])), run);
         return true;
       } catch (err) {
-        if (heldElsewhere(err)) {
-          // Someone else's lock (the partition's previous owner still in its chunk): not an attempt.
-          if (!run.isActive() || stopWaiting.signal.aborted) return false;
-          attempt--;
-          await pause(retryBaseMs, run);
-          continue;
-        }
         const down = await outage(err, run);
         if (down !== 'none') {
           if (down === 'stopped' || !run.isActive()) return false;
@@ -305,7 +258,13 @@ export function createInboxConsumerWithTestHooks(
         }
         const retriable = mayRetry(err) || isRetriableSqlError(err);
         if (!retriable || attempt >= maxAttempts) {
-          if (!(await deadLetter(m, err, attempt, run))) return false;
+          try {
+            await deadLetters.send(m, err, attempt);
+          } catch (failed) {
+            // Postgres went away while it was dead-lettered: read again later, nothing lost.
+            if ((await outage(failed, run)) === 'none') throw failed;
+            return false;
+          }
           dependencies.gaveUp(run.wait, err);
           return true;
         }
@@ -314,39 +273,6 @@ export function createInboxConsumerWithTestHooks(
         // Exponential with full jitter, capped: a message that needs a few seconds (a lease
         // held by a dead worker, say) must not push its retries out to minutes.
         await sleep(Math.random() * Math.min(retryMaxMs, retryBaseMs * 2 ** (attempt - 1)));
-      }
-    }
-  }
-
-  /**
-   * Sends `m` to its dead-letter topic; false when it could not and the batch is handed back
-   * (Postgres down, the partition lost, a stop): nothing applied, nothing lost. A broker that
-   * does not take the dead letter (down, the topic missing or refused) is waited for here, with
-   * backoff and heartbeats: thrown out of the batch, it crashed the Kafka consumer, which
-   * disrupted every partition it held and ran the message's attempts again on each restart.
-   */
-  async function deadLetter(m: InboxMessage, err: unknown, attempts: number, run: BatchRun) {
-    for (let wait = 0; ; wait++) {
-      try {
-        await deadLetters.send(m, err, attempts);
-        return true;
-      } catch (failed) {
-        if (!(failed instanceof CairnError && failed.code === CairnErrorCodes.DeadLetterUnpublished)) {
-          // Postgres went away while it was dead-lettered: read again later, nothing lost.
-          if ((await outage(failed, run)) === 'none') throw failed;
-          return false;
-        }
-        if (!run.isActive() || run.heartbeat.failed() || stopWaiting.signal.aborted) return false;
-        log.warn(
-          { message_id: m.messageId, attempts, err: messageOf(failed) },
-          'dead letter not published: waiting for the broker (the message stays unapplied; its handler is not run again)',
-        );
-        waitingForDlq++;
-        try {
-          await pause(Math.min(30_000, 500 * 2 ** Math.min(wait, 6)), run);
-        } finally {
-          waitingForDlq--;
-        }
       }
     }
   }
@@ -377,18 +303,6 @@ export function createInboxConsumerWithTestHooks(
         // Paced by handled messages: growing on a chunk of duplicates ran past the session.
         if (r.counts.applied > 0) chunks.took(r.counts.applied, performance.now() - started);
       } catch (err) {
-        if (heldElsewhere(err)) {
-          // Rows another transaction holds (the partition's previous owner, hung or paused, in
-          // its chunk): nobody's attempt. The whole chunk again after a pause, unless the
-          // partition moved meanwhile (checked at the top of the loop).
-          log.info(
-            { err: messageOf(err), partition: batch.partition },
-            'chunk waits on rows another consumer holds',
-          );
-          await pause(retryBaseMs, run);
-          i -= chunk.length;
-          continue;
-        }
         // Postgres went away: once it answers, the whole chunk again.
         const down = await outage(err, run);
         if (down === 'stopped') return;
@@ -403,10 +317,9 @@ export function createInboxConsumerWithTestHooks(
         // a batch handed back at once each time would never move.
         log.warn({ err: messageOf(err), size: chunk.length }, 'chunk failed; applying one by one');
         done = 0;
-        const abandoned = err instanceof HandlerTimeoutError ? err : undefined;
         for (const m of chunk) {
           if (!batch.isActive() || (done > 0 && heartbeat.failed())) break;
-          if (!(await applyAlone(m, run, abandoned?.offset === m.offset ? abandoned : undefined))) break;
+          if (!(await applyAlone(m, run))) break;
           done++;
           heartbeat.beat();
         }
@@ -461,7 +374,7 @@ export function createInboxConsumerWithTestHooks(
     waitingFor: () =>
       waitingForDb
         ? 'postgres'
-        : options.subscriber.waiting() || waitingForDlq > 0
+        : options.subscriber.waiting()
           ? 'kafka'
           : dependencies.waiting()
             ? 'dependency'

@@ -13,24 +13,12 @@ import type { InboxMessage } from './inboxMessage.js';
  * Runs inside the transaction that also records the message as applied: write your effects
  * with `trx`. A throw rolls them back; the message is tried again (`maxAttempts`, with
  * backoff) unless the error's `retriable` is `false` (a `ValidationError`, say, or your own
- * error with `retriable: false`), which sends it to the dead-letter topic at once. A handler
- * that does not finish within `handlerTimeoutMs` is abandoned: `context.signal` is aborted, the
- * transaction rolls back (`trx` refuses anything after), and that run counts as an attempt.
+ * error with `retriable: false`), which sends it to the dead-letter topic at once.
  */
 export type InboxHandler<Tables extends AppTables = NoTables> = (
   trx: Transaction<Database & Tables>,
   message: InboxMessage,
-  context: InboxHandlerContext,
 ) => Promise<void>;
-
-/** What a handler gets besides its transaction and message. */
-export interface InboxHandlerContext {
-  /**
-   * Aborted when the handler is abandoned at `handlerTimeoutMs` (its reason a CairnError with
-   * code `handler_timeout`): pass it to `fetch` and the like, so the work stops too.
-   */
-  signal: AbortSignal;
-}
 
 /** No tables of the application's: a handler's transaction then sees Cairn's tables only. */
 export type NoTables = Record<never, never>;
@@ -69,16 +57,6 @@ export interface InboxConsumerOptions<Tables extends AppTables = NoTables> {
   chunkSize?: number;
   /** Attempts for a failing message before it goes to the dead-letter topic. */
   maxAttempts?: number;
-  /**
-   * How long one message's handler may run. Past it the handler is abandoned (its
-   * `context.signal` aborted, a statement it has in flight cancelled), its chunk's transaction
-   * rolls back, and the run counts as one of the message's attempts: a message whose handler
-   * hangs is dead-lettered after `maxAttempts` instead of holding its partition, and the rows
-   * of its chunk, for good. It also bounds each statement of the chunk's transaction
-   * (statement_timeout), and how long that transaction may sit idle (this plus 5 s: a paused
-   * consumer's rows are released by Postgres). Default 60 s.
-   */
-  handlerTimeoutMs?: number;
   retryBaseMs?: number;
   /** Longest wait between two attempts of one message. Default 5 s. */
   retryMaxMs?: number;

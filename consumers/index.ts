@@ -21,7 +21,6 @@ export {
   type InboxConsumer,
   type InboxConsumerOptions,
   type InboxHandler,
-  type InboxHandlerContext,
   type InboxMessage,
   type InboxStats,
   type NoCairnNames,

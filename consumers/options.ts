@@ -20,7 +20,6 @@ export const InboxConsumerOptionsSchema = optionsSchema<InboxConsumerOptions>()(
     logger: opt.logger(),
     chunkSize: opt.count().optional(),
     maxAttempts: opt.count().optional(),
-    handlerTimeoutMs: opt.ms().optional(),
     retryBaseMs: opt.ms().optional(),
     retryMaxMs: opt.ms().optional(),
     refuseStaleVersions: z.boolean().optional(),

@@ -82,10 +82,6 @@ export const CairnErrorCodes = {
   CheckpointInvalid: 'checkpoint_invalid',
   /** The `cairn` command line was given an unknown command or bad arguments (exit 2). */
   Usage: 'usage',
-  /** An inbox handler that did not finish within `handlerTimeoutMs`: abandoned, its transaction rolled back (retriable). */
-  HandlerTimeout: 'handler_timeout',
-  /** A dead letter the broker did not take (its topic missing or refused, the broker down): the inbox consumer waits (retriable). */
-  DeadLetterUnpublished: 'dead_letter_unpublished',
 } as const;
 
 /** One of {@link CairnErrorCodes}: the stable `code` of a {@link CairnError}. */

@@ -152,14 +152,14 @@ describe('inbox consumer on a real broker and real Postgres', () => {
       { key: 'p', value: { key: 'p', seq: 3 }, headers: { 'cairn-message-id': uuid() } },
     ]);
     const groupId = `${topic}.g`;
-    const handler: InboxHandler = async (trx, m, context) => {
+    const handler: InboxHandler = async (trx, m) => {
       const body = m.json<{ poison?: boolean }>();
       const fixed = await sql<{ ok: boolean }>`SELECT ok FROM fixed`.execute(trx);
       if (body.poison && !fixed.rows[0]?.ok)
         throw Object.assign(new Error('payload refused by the handler: seq 2 is malformed'), {
           retriable: false,
         });
-      await recordEffect(trx, m, context);
+      await recordEffect(trx, m);
     };
     const c = start(topic, groupId, handler);
     await waitFor(
@@ -220,11 +220,11 @@ describe('inbox consumer on a real broker and real Postgres', () => {
       publish: (messages) => real.publish(messages),
       disconnect: () => real.disconnect(),
     };
-    const handler: InboxHandler = async (trx, m, context) => {
+    const handler: InboxHandler = async (trx, m) => {
       if (m.json<{ seq: number }>().seq < 3) {
         throw Object.assign(new Error('refused by the handler'), { retriable: false });
       }
-      await recordEffect(trx, m, context);
+      await recordEffect(trx, m);
     };
     const c = start(topic, `${topic}.g`, handler, { dlqPublisher: flaky });
     // The first dead letter fails with the connect and is tried again (the batch is redelivered);
@@ -248,11 +248,11 @@ describe('inbox consumer on a real broker and real Postgres', () => {
       { key: 'n', value: { key: 'n', seq: 2 }, headers: { 'cairn-message-id': odd[1]! } },
       { key: 'n', value: { key: 'n', seq: 3 }, headers: { 'cairn-message-id': uuid() } },
     ]);
-    const handler: InboxHandler = async (trx, m, context) => {
+    const handler: InboxHandler = async (trx, m) => {
       const { seq } = m.json<{ seq: number }>();
       if (seq === 1) throw null;
       if (seq === 2) return Promise.reject(undefined);
-      await recordEffect(trx, m, context);
+      await recordEffect(trx, m);
     };
     // Before the fix, reading `.retriable` of null threw inside the catch: the batch failed,
     // was redelivered, failed again, forever; and a rejected onCommitted crashed the process.
