@@ -68,7 +68,7 @@ export async function claimBatch(
     lanes: readonly number[];
     limit: number;
     /**
-     * Bytes per claim (payload, headers as text and key): rows are kept while the bytes before them stay under this (the
+     * Bytes per claim (payload, headers as stored, key): rows are kept while the bytes before them stay under this (the
      * first row always), so a batch of large messages holds neither Node's memory nor one
      * produce request past it. Default: no limit.
      */
@@ -87,7 +87,7 @@ export async function claimBatch(
       SELECT o.id, o.size
         FROM unnest(${intArray(lanes)}::int[], ${intArray(lanes.map((l) => base + (extra.get(l) ?? 0)))}::int[]) AS l(lane, n)
        CROSS JOIN LATERAL (
-         SELECT o.id, octet_length(o.payload) + coalesce(octet_length(o.headers::text), 0) + coalesce(octet_length(o.key), 0) AS size
+         SELECT o.id, octet_length(o.payload) + pg_column_size(o.headers) + coalesce(octet_length(o.key), 0) AS size
            FROM outbox o
           WHERE o.lane >= l.lane AND o.lane <= l.lane
             AND o.id <> ALL(${intArray(exclude.map((r) => r.id))}::bigint[])

@@ -10,8 +10,7 @@ export async function parkKey(
   // Only while the row is still in the outbox (locked, so a concurrent `cairn outbox skip`
   // either waits for the park and removes it, or has removed the row first): a relay that was
   // frozen while it isolated a refused batch must not park a key, on waking, at a message an
-  // operator skipped or another relay delivered meanwhile. The UPDATE reads the locked row
-  // too, so the lock is taken before the row is updated (else it would skip the updated row).
+  // operator skipped or another relay delivered meanwhile.
   await sql`
     WITH row AS (
       SELECT id FROM outbox WHERE id = ${p.id} FOR KEY SHARE
