@@ -1,9 +1,8 @@
 import { randomBytes, randomUUID } from 'node:crypto';
-import { sql } from 'kysely';
 import { z } from 'zod';
 import type { Db } from '../db/database.js';
 import type { Executor } from '../db/executor.js';
-import { assertTenantId, assertTenantKnown, registerTenant } from '../db/tenant.js';
+import { assertTenantId, assertTenantKnown, lockTenantRow, registerTenant } from '../db/tenant.js';
 import { CairnError, messageOf, UnavailableError } from '../errors.js';
 import { objectWith, opt, optionsSchema, parseOptions } from '../options.js';
 import { type KeyProvider, keyUnavailable, open, seal } from './keyProvider.js';
@@ -218,7 +217,7 @@ export function createTenantKeys(options: TenantKeysOptions): TenantKeys {
       // Not while a legal hold names the tenant or one of its tasks (the keys' trigger, CN008):
       // the tenant's row, locked as placeHold locks it, orders a hold being placed and a shred.
       const r = await db.transaction().execute(async (trx) => {
-        await sql`SELECT 1 FROM tenant WHERE tenant_id = ${tenantId} FOR NO KEY UPDATE`.execute(trx);
+        await lockTenantRow(trx, tenantId, 'holding');
         return trx.deleteFrom('tenant_key').where('tenant_id', '=', tenantId).executeTakeFirst();
       });
       for (const [id, k] of unwrapped) if (k.tenantId === tenantId) unwrapped.delete(id);

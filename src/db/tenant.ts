@@ -48,6 +48,23 @@ export async function assertTenantKnown(db: Executor, tenantId: string, field = 
 }
 
 /**
+ * Locks the tenant's row until the transaction ends: what retention batches ('deleting': FOR
+ * SHARE, several at once) and what must not run beside them ('holding': FOR NO KEY UPDATE, a
+ * legal hold being placed, the tenant's keys shredded) order themselves on. No tenant's role can
+ * lock this row (no UPDATE on it), unlike an advisory lock, which any role can hold. Owner only.
+ */
+export async function lockTenantRow(
+  trx: Executor,
+  tenantId: string,
+  mode: 'deleting' | 'holding',
+): Promise<void> {
+  await (mode === 'deleting'
+    ? sql`SELECT 1 FROM tenant WHERE tenant_id = ${tenantId} FOR SHARE`
+    : sql`SELECT 1 FROM tenant WHERE tenant_id = ${tenantId} FOR NO KEY UPDATE`
+  ).execute(trx);
+}
+
+/**
  * Registers a tenant and creates its login role (idempotent). Run as the owner or an
  * operator with CREATEROLE; returns the role's name. `cairn tenant add` does this too.
  */

@@ -1,8 +1,7 @@
 import { randomUUID } from 'node:crypto';
-import { sql } from 'kysely';
 import { v5 as uuidv5 } from 'uuid';
 import type { Db } from '../db/database.js';
-import { assertTenantKnown } from '../db/tenant.js';
+import { assertTenantKnown, lockTenantRow } from '../db/tenant.js';
 import { CairnError, NotFoundError, ValidationError } from '../errors.js';
 
 /**
@@ -66,7 +65,7 @@ export async function placeHold(
     // their deletes until they commit) and against another placement of this hold: the hold
     // waits for a batch, and a task the batch deleted is then not found, rather than held in
     // name while its rows are gone. No tenant's role can lock this row (no UPDATE on it).
-    await sql`SELECT 1 FROM tenant WHERE tenant_id = ${tenant} FOR NO KEY UPDATE`.execute(trx);
+    await lockTenantRow(trx, tenant, 'holding');
     if (h.taskId !== undefined) {
       const still = await trx
         .selectFrom('task_state')

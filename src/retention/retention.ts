@@ -5,7 +5,7 @@ import { canonicalBytes, sha256 } from '../canonical.js';
 import type { Db } from '../db/database.js';
 import type { Trx } from '../db/executor.js';
 import { isDatabaseOutage, SqlState, sqlState } from '../db/sqlstate.js';
-import { assertTenantKnown } from '../db/tenant.js';
+import { assertTenantKnown, lockTenantRow } from '../db/tenant.js';
 import type { DataClass } from '../db/types.js';
 import { messageOf, ValidationError } from '../errors.js';
 import { opt, optionsSchema, parseOptions } from '../options.js';
@@ -304,7 +304,7 @@ export async function runRetentionWithTestHooks(
           // The lock is the tenant's row (placeHold takes it FOR NO KEY UPDATE), which no
           // tenant's role can lock: an advisory lock, open to every role, let one tenant defer
           // another's retention for good (review finding, test/retention/oneTenant).
-          await sql`SELECT 1 FROM tenant WHERE tenant_id = ${tenant} FOR SHARE`.execute(trx);
+          await lockTenantRow(trx, tenant, 'deleting');
           const tasks: DeletedTask[] = [];
           for (const c of due) if (ids.includes(c.task_id)) tasks.push(await describe(trx, tenant, c));
           const deleted = await deleteTasks(trx, tenant, ids);
