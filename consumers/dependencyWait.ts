@@ -16,12 +16,6 @@ export interface DependencyWait {
   since: number;
   /** The consumer's applied count when the wait began, or when it last gave a message up. */
   appliedBefore: number;
-  /**
-   * A message of the batch was given up on a refusal: later refusals in the batch are their
-   * messages' at once. Commits do not clear it: a tenant whose key is disabled, its messages
-   * between others', cost one bound per batch, not one per message.
-   */
-  refusalGivenUp: boolean;
   /** What says the dependency works, counted: its own answers when it keeps count, else the consumer's applied messages. */
   evidence?: () => number;
 }
@@ -38,7 +32,7 @@ const REFUSALS_KEPT = 1000;
 export type WaitStep = 'wait' | 'message' | 'outage';
 
 export function dependencyWait(): DependencyWait {
-  return { tries: 0, since: 0, appliedBefore: 0, refusalGivenUp: false };
+  return { tries: 0, since: 0, appliedBefore: 0 };
 }
 
 /**
@@ -51,19 +45,23 @@ export function dependencyWait(): DependencyWait {
 export function nextStep(
   w: DependencyWait,
   now: { at: number; applied: number },
-  o: { boundMs: number; refused: boolean },
+  o: {
+    boundMs: number;
+    refused: boolean;
+    /** It answered (a server that takes writes at the ping): past the bound, the message's. Refused implies it. */
+    answered?: boolean;
+  },
 ): WaitStep {
   if (w.tries === 0) {
     w.since = now.at;
     w.appliedBefore = now.applied;
   }
-  if (o.refused && w.refusalGivenUp) return 'message';
   const othersApplied = now.applied > w.appliedBefore;
   // Refused for this message while others are applied: the message's at once (its attempts,
   // each retried with backoff): a tenant's own key policy must not hold the partition, nor the
   // partitions fetched with it, for the whole bound, batch after batch.
   if (now.at - w.since <= o.boundMs) return o.refused && othersApplied ? 'message' : 'wait';
-  return o.refused || othersApplied ? 'message' : 'outage';
+  return o.refused || o.answered || othersApplied ? 'message' : 'outage';
 }
 
 /** What dependencyWaiter takes: the consumer's retry options, its log, its stop, its applied count. */
@@ -103,7 +101,7 @@ export function dependencyWaiter(o: DependencyWaiterOptions) {
     async back(
       err: unknown,
       w: DependencyWait,
-      batch: { refused: boolean; beat(): void },
+      batch: { refused: boolean; answered?: boolean; beat(): void },
     ): Promise<'none' | 'waited' | 'stopped'> {
       const subject = batch.refused ? subjectOf(err) : undefined;
       const lately = subject !== undefined ? refusedLately.get(subject) : undefined;
@@ -123,7 +121,7 @@ export function dependencyWaiter(o: DependencyWaiterOptions) {
       const step = nextStep(
         w,
         { at: performance.now(), applied: evidence() },
-        { boundMs, refused: batch.refused },
+        { boundMs, refused: batch.refused, answered: batch.answered ?? false },
       );
       if (step === 'message') {
         waiting.delete(w);
@@ -166,7 +164,6 @@ export function dependencyWaiter(o: DependencyWaiterOptions) {
     gaveUp(w: DependencyWait, err: unknown): void {
       w.appliedBefore = (w.evidence ?? o.applied)();
       if (!(err instanceof UnavailableError && err.refused)) return;
-      w.refusalGivenUp = true;
       const subject = subjectOf(err);
       if (subject === undefined) return;
       refusedLately.delete(subject);

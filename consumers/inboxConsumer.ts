@@ -221,8 +221,10 @@ export function createInboxConsumerWithTestHooks(
       await (readOnly ? pingWritable : pingDatabase)(db);
       // Read-only a moment ago, writable now (a promotion just finished): not the message's,
       // waited for with backoff and a bound (a handler writing to another server that stays
-      // read-only must neither spin nor hold the partition for good). It answered: not an outage.
-      return readOnly ? dependencyBack(err, run, true) : 'none';
+      // read-only must neither spin nor hold the partition for good). Not a refusal given up
+      // early while others are applied (a pooled connection still on the old primary during a
+      // failover is waited for the whole bound); past the bound, the message's.
+      return readOnly ? dependencyBack(err, run, false, true) : 'none';
     } catch {
       log.warn({ err: messageOf(err) }, 'postgres went away: waiting for it; no attempt is counted');
     }
@@ -235,8 +237,8 @@ export function createInboxConsumerWithTestHooks(
    * Another dependency the handler needs is down (a key provider: UnavailableError): waited
    * for, per batch and bounded (dependencyWait.ts). `refused`: it answered, and said no.
    */
-  function dependencyBack(err: unknown, run: BatchRun, refused: boolean) {
-    return dependencies.back(err, run.wait, { refused, beat: () => run.heartbeat.beat() });
+  function dependencyBack(err: unknown, run: BatchRun, refused: boolean, answered = refused) {
+    return dependencies.back(err, run.wait, { refused, answered, beat: () => run.heartbeat.beat() });
   }
 
   /**
