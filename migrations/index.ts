@@ -17,6 +17,7 @@ import * as m0015 from './0015_tenant_writes.js';
 import * as m0016 from './0016_lease_tokens.js';
 import * as m0017 from './0017_tenant_rows_bounded.js';
 import * as m0018 from './0018_lg_head_reader_marks.js';
+import * as m0019 from './0019_outbox_wal_messages.js';
 
 /**
  * Every migration, in order. Imported statically (not read from the folder) so the same
@@ -42,6 +43,7 @@ export const migrations: Record<string, Migration> = {
   '0016_lease_tokens': m0016,
   '0017_tenant_rows_bounded': m0017,
   '0018_lg_head_reader_marks': m0018,
+  '0019_outbox_wal_messages': m0019,
 };
 
 export const migrationProvider: MigrationProvider = {

@@ -10,6 +10,7 @@ import { inPublishSpan, observeBatch, type RelayObservation } from './publishSpa
 import type { ClaimedRow } from './sql/claimBatch.js';
 import { parkKey } from './sql/parkKey.js';
 import type { RelayStats, RelayTestHooks } from './types.js';
+import { writeToTable } from './wal/walToTable.js';
 
 /**
  * From claimed rows to acknowledged messages: Cairn's headers from the row's columns, retries
@@ -36,6 +37,8 @@ export const keyOf = (r: ClaimedRow) => `${r.tenant_id ?? ''}\u0000${r.topic}\u0
 
 async function park(c: PublishContext, r: ClaimedRow, err: unknown): Promise<void> {
   c.stats.parked++;
+  // A WAL message has no row to park its key at: it becomes one (relay/wal/walToTable.ts).
+  if (r.emitted) await writeToTable(c.db, [r]);
   const message = (err as Error).message ?? String(err);
   await parkKey(c.db, {
     tenant: r.tenant_id,

@@ -27,6 +27,7 @@ import type { Relay, RelayOptions, RelayStats, RelayTestHooks } from './types.js
 import { createVacuumer } from './vacuum.js';
 import { createWakeup } from './wakeup.js';
 import { createWalMode } from './wal/walMode.js';
+import { writeToTable } from './wal/walToTable.js';
 
 export type { Relay, RelayOptions, RelayStats } from './types.js';
 
@@ -223,7 +224,15 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     if (sentIds.length !== rows.length) {
       const sentSet = new Set(sentIds);
       sent = rows.filter((r) => sentSet.has(r.id));
+      // WAL messages behind a key parked now wait in the table, as its rows do (the WAL mode
+      // confirms the slot past them next). After a failure the stream reads them again instead.
+      if (failure === undefined)
+        await writeToTable(
+          db,
+          rows.filter((r) => r.emitted && !sentSet.has(r.id)),
+        );
     }
+    if (sent.some((r) => r.emitted)) sent = sent.filter((r) => !r.emitted); // no row to delete
     deletes.start(sent, new Map(owned));
     stats.published += sentIds.length;
     maybeVacuum(sentIds.length);

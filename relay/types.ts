@@ -100,6 +100,10 @@ export interface RelayStats {
     /** Lanes and keys whose streamed rows wait for the sweep (see relay/wal/walRouting.ts). */
     heldLanes: number;
     heldKeys: number;
+    /** Whether outbox messages written to the WAL only (migration 0019) are read: no role but the outbox's owner can write WAL messages. */
+    messagesTrusted: boolean;
+    /** WAL messages this relay wrote into the table to wait there (a key parked, a lane held or another relay's). */
+    movedToTable: number;
   };
 }
 

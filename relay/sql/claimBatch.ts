@@ -22,6 +22,12 @@ export interface ClaimedRow {
    * row (measured: 1,000-row claims repeated, process.cpuUsage).
    */
   created_ms: number;
+  /**
+   * Not a row: a message written to the WAL only (the WAL mode, migration 0019), with a
+   * negative id of the relay's own. Nothing deletes it; the slot is confirmed past it once it
+   * was acknowledged, or written into the table (its key parked, its lane held).
+   */
+  emitted?: true;
 }
 
 /**

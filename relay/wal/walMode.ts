@@ -9,8 +9,15 @@ import type { RelayStats, RelayWalOptions } from '../types.js';
 import { presentRows } from './walPresent.js';
 import { createWalRouting, keyParts, streamKeyOf } from './walRouting.js';
 import { lsnOf, lsnText, type StreamRow } from './walRows.js';
-import { checkName, DEFAULT_PUBLICATION, DEFAULT_SLOT, prepareWal } from './walSetup.js';
+import {
+  checkName,
+  DEFAULT_PUBLICATION,
+  DEFAULT_SLOT,
+  prepareWal,
+  registerMessageReader,
+} from './walSetup.js';
 import { startWalStream, type WalStream } from './walStream.js';
+import { writeToTable } from './walToTable.js';
 import { allVisible } from './walVisibility.js';
 
 /**
@@ -69,8 +76,10 @@ export function createWalMode(o: {
   const routing = createWalRouting({ sweepEveryMs: o.options.sweepEveryMs ?? 1000 });
   let stream: WalStream | undefined;
   let schema = 'public';
+  let messagesTrusted = false;
   let retryAt = 0;
   let streamed = 0;
+  let movedToTable = 0;
 
   async function parkedKeys(): Promise<Set<string>> {
     const { rows } = await sql<{ tenant: string; topic: string; key: string }>`
@@ -106,6 +115,7 @@ export function createWalMode(o: {
     routing.holdAll();
     if (stream) {
       const why = stream.broken;
+      if (why instanceof ConfigurationError) throw why;
       await stream.stop();
       stream = undefined;
       if (why && unstreamable(why)) return remakeSlot(why.message);
@@ -124,6 +134,7 @@ export function createWalMode(o: {
         publication,
         schema,
         log,
+        messagesTrusted,
         ...(rows[0]!.lsn ? { confirmedFlush: lsnOf(rows[0]!.lsn)! } : {}),
       });
       routing.holdAll(); // rows may have been left in the table meanwhile: read it first
@@ -169,8 +180,13 @@ export function createWalMode(o: {
     return { n: claim.rows.length, full: claim.full };
   }
 
-  /** The taken rows the table still has, once their transactions are visible; undefined: not visible in time. */
-  async function stillInTable(rows: readonly StreamRow[]): Promise<StreamRow[] | undefined> {
+  /**
+   * The taken rows the table still has, once their transactions are visible, and every WAL
+   * message (no table has it; only the slot); undefined: not visible in time.
+   */
+  async function stillInTable(taken: readonly StreamRow[]): Promise<StreamRow[] | undefined> {
+    const rows = taken.filter((r) => !r.emitted);
+    if (rows.length === 0) return [...taken];
     const xids = [...new Set(rows.map((r) => r.xid))];
     const until = performance.now() + VISIBLE_WITHIN_MS;
     for (;;) {
@@ -179,14 +195,32 @@ export function createWalMode(o: {
         rows.map((r) => r.id),
         xids,
       );
-      if (visible) return rows.filter((r) => present.has(r.id));
+      if (visible) return taken.filter((r) => r.emitted || present.has(r.id));
       if (performance.now() > until) return undefined;
       await new Promise((r) => setTimeout(r, 2));
     }
   }
 
+  /**
+   * The next streamed rows. Should a step fail after WAL messages were taken and before the
+   * slot was confirmed past them, the stream starts again from the slot's position: the slot
+   * is their only copy (a table row's copy is the table).
+   */
   async function fromStream(s: WalStream): Promise<{ n: number; full: boolean }> {
     const rows = s.take(o.batchSize, o.maxBatchBytes);
+    try {
+      return await streamed_(s, rows);
+    } catch (err) {
+      if (rows.some((r) => r.emitted)) {
+        log.warn({ err: (err as Error).message }, 'reading the slot again from its confirmed position');
+        await s.stop();
+        retryAt = 0;
+      }
+      throw err;
+    }
+  }
+
+  async function streamed_(s: WalStream, rows: StreamRow[]): Promise<{ n: number; full: boolean }> {
     if (rows.length === 0) {
       await o.deletes.finish();
       if (o.deletes.retrying) o.deletes.start([], new Map(o.owned()));
@@ -206,12 +240,18 @@ export function createWalMode(o: {
     // A row this relay is deleting (sent by its sweep a moment ago) is still in the table until
     // the delete commits: it must not go a second time.
     const deleting = new Set(o.deletes.inFlight.map((r) => r.id));
-    const routed = routing.route(rows).filter((r) => !deleting.has(r.id));
+    const { now, toTable } = routing.route(rows);
+    if (toTable.length > 0) {
+      await writeToTable(db, toTable);
+      movedToTable += toTable.length;
+    }
+    const routed = deleting.size > 0 ? now.filter((r) => !deleting.has(r.id)) : now;
     const publish = routed.length > 0 ? await stillInTable(routed) : [];
     if (publish === undefined) {
       // Not visible in time (a synchronous standby far behind): the sweep reads them, once visible.
       routing.holdAll();
       routing.waitForXids(routed.map((r) => r.xid));
+      await writeToTable(db, routed);
     } else if (publish.length > 0) await o.publish(publish);
     // Every row taken is now acknowledged, in the table, or gone from it: the slot may drop them.
     if (end !== undefined) s.confirm(end);
@@ -221,6 +261,7 @@ export function createWalMode(o: {
   return {
     async prepare() {
       schema = await prepareWal(db, { slot, publication });
+      messagesTrusted = await registerMessageReader(db, slot, log);
     },
     async step() {
       await ensureStream();
@@ -250,6 +291,8 @@ export function createWalMode(o: {
         confirmedLsn: stream && stream.confirmed > 0n ? lsnText(stream.confirmed) : null,
         heldLanes: routing.held.lanes.size,
         heldKeys: routing.held.keys.size,
+        messagesTrusted,
+        movedToTable,
       };
     },
   };

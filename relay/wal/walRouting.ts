@@ -31,8 +31,12 @@ export interface WalRouting {
   holdAll(): void;
   /** Keys now parked (the relay parked one, or the sweep read them): held until released and drained. */
   parked(keys: Iterable<string>): void;
-  /** Splits taken rows: those to publish now, in order; the others stay in the table for the sweep. */
-  route(rows: readonly StreamRow[]): StreamRow[];
+  /**
+   * Splits taken rows: those to publish now, in order; the others stay in the table for the
+   * sweep, and the WAL messages among them (rows of no table) must be written into it
+   * (`toTable`, in order) before the slot is confirmed past them.
+   */
+  route(rows: readonly StreamRow[]): { now: StreamRow[]; toTable: StreamRow[] };
   /**
    * Transactions whose rows the stream left to the table since the last complete sweep. The
    * walsender may send a commit before the committing backend has left the proc array: for a
@@ -79,21 +83,18 @@ export function createWalRouting(o: { sweepEveryMs: number }): WalRouting {
       for (const k of keys) heldKeys.add(k);
     },
     route(rows) {
-      const out: StreamRow[] = [];
+      const now: StreamRow[] = [];
+      const toTable: StreamRow[] = [];
       for (const r of rows) {
-        if (!owned.has(r.lane)) continue; // its owner reads it from the table
-        if (heldLanes.has(r.lane)) {
-          xids.add(r.xid); // the sweep reads it from the table
-          continue;
-        }
-        const k = streamKeyOf(r);
-        if (heldKeys.has(k)) {
-          xids.add(r.xid);
-          continue;
-        }
-        out.push(r);
+        if (r.overflow) continue;
+        // Its owner reads it from the table (a WAL message: once the relay wrote it there).
+        const leave =
+          !owned.has(r.lane) || heldLanes.has(r.lane) || (heldKeys.size > 0 && heldKeys.has(streamKeyOf(r)));
+        if (!leave) now.push(r);
+        else if (r.emitted) toTable.push(r);
+        else if (owned.has(r.lane)) xids.add(r.xid); // the sweep reads it from the table, once visible
       }
-      return out;
+      return { now, toTable };
     },
     tableXids() {
       return [...xids];

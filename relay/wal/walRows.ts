@@ -1,4 +1,5 @@
 import type { Pgoutput } from 'pg-logical-replication';
+import { laneOf } from '../../src/outbox/lanes.js';
 import type { ClaimedRow } from '../sql/claimBatch.js';
 
 /**
@@ -94,5 +95,54 @@ export function outboxRowOf(insert: Pgoutput.MessageInsert): ClaimedRow {
       created === undefined || created === 0x7fffffffffffffffn || created === -0x8000000000000000n
         ? Number.POSITIVE_INFINITY
         : Number(created / 1000n) + PG_EPOCH_MS,
+  };
+}
+
+/** The prefix of the outbox's WAL messages (migration 0019's trigger): one per schema Cairn is installed in. */
+export const messagePrefix = (schema: string) => `cairn.outbox:${schema}`;
+
+interface MessageHeader {
+  m: string;
+  t: string | null;
+  i: string | null;
+  v: number | null;
+  s: number | null;
+  p: string;
+  k: string;
+  h: unknown;
+  c: number | null;
+}
+
+/**
+ * An outbox message written to the WAL (migration 0019): a 4-byte length, the row's columns as
+ * JSON, then the payload's bytes. `id` is the relay's own (negative: never a table row's).
+ * Throws on content no Cairn trigger wrote (only roles trusted to emit can write it: the relay
+ * checked, relay/wal/walSetup.ts).
+ */
+export function emittedRowOf(content: Uint8Array, xid: number, id: number): StreamRow {
+  const b = buf(content);
+  const n = b.readInt32BE(0);
+  if (n < 2 || 4 + n > b.length)
+    throw new Error(`an outbox message of ${b.length} bytes with a header of ${n}`);
+  const h = JSON.parse(b.toString('utf8', 4, 4 + n)) as MessageHeader;
+  if (typeof h.m !== 'string' || typeof h.p !== 'string' || typeof h.k !== 'string') {
+    throw new Error('an outbox message without its id, topic or key');
+  }
+  return {
+    id,
+    lane: laneOf(h.k),
+    message_id: h.m,
+    tenant_id: h.t,
+    task_id: h.i,
+    task_version: h.v,
+    task_seq: h.s,
+    topic: h.p,
+    key: h.k,
+    headers: h.h,
+    // A copy, for the same reason as a row's (outboxRowOf).
+    payload: Buffer.from(b.subarray(4 + n)),
+    created_ms: h.c ?? Number.POSITIVE_INFINITY,
+    xid,
+    emitted: true,
   };
 }

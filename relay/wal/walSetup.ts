@@ -2,6 +2,7 @@ import { sql } from 'kysely';
 import type { Db } from '../../src/db/database.js';
 import { databaseAddress } from '../../src/db/database.js';
 import { ConfigurationError, ValidationError } from '../../src/errors.js';
+import type { Logger } from '../../src/logger.js';
 
 /** The publication and slot the WAL mode uses unless told otherwise. */
 export const DEFAULT_PUBLICATION = 'cairn_outbox';
@@ -117,4 +118,42 @@ export async function slotLag(
       FROM pg_replication_slots WHERE slot_name = ${slot}`.execute(db);
   const r = rows[0];
   return r ? { lagBytes: Number(r.lag ?? 0), active: r.active } : undefined;
+}
+
+/**
+ * Whether the outbox's WAL messages (migration 0019) can be trusted on this database: no role
+ * but superusers and the outbox's owner (whose trigger writes them) may call
+ * `pg_logical_emit_message`, which writes any message with any content, another tenant's
+ * included. Trusted, the slot is registered as a reader (writing a message needs one, so none
+ * is lost for want of a slot); not trusted, its registration is removed (writers are refused
+ * instead of writing what the relay would refuse to read) and the warning names the fix.
+ */
+export async function registerMessageReader(db: Db, slot: string, log: Logger): Promise<boolean> {
+  const { rows } = await sql<{ rolname: string; owner: string }>`
+    SELECT r.rolname, o.rolname AS owner
+      FROM pg_roles r,
+           (SELECT a.rolname, a.oid FROM pg_roles a
+              JOIN pg_class c ON c.relowner = a.oid WHERE c.oid = 'outbox_wal'::regclass) o
+     WHERE NOT r.rolsuper AND r.rolname NOT LIKE 'pg\\_%'
+       AND NOT pg_has_role(r.oid, o.oid, 'MEMBER')
+       AND EXISTS (SELECT 1 FROM pg_proc p
+                    WHERE p.proname = 'pg_logical_emit_message' AND has_function_privilege(r.oid, p.oid, 'EXECUTE'))
+     ORDER BY 1`.execute(db);
+  if (rows.length === 0) {
+    await sql`INSERT INTO outbox_wal_reader (slot_name) VALUES (${slot}) ON CONFLICT DO NOTHING`.execute(db);
+    return true;
+  }
+  await sql`DELETE FROM outbox_wal_reader WHERE slot_name = ${slot}`.execute(db);
+  const owner = rows[0]!.owner;
+  log.warn(
+    {
+      slot,
+      roles: rows.slice(0, 10).map((r) => r.rolname),
+      fix:
+        'as a superuser: REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea), ' +
+        `pg_logical_emit_message(boolean, text, text) FROM PUBLIC; GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea) TO ${owner}`,
+    },
+    "outbox messages to the WAL are off: roles other than the outbox's owner can write WAL messages (and forge one)",
+  );
+  return false;
 }

@@ -1,12 +1,14 @@
 import type pg from 'pg';
 import { LogicalReplicationService, type Pgoutput, PgoutputPlugin } from 'pg-logical-replication';
-import { UnavailableError } from '../../src/errors.js';
+import { ConfigurationError, UnavailableError } from '../../src/errors.js';
 import type { Logger } from '../../src/logger.js';
-import { lsnOf, lsnText, outboxRowOf, type StreamRow } from './walRows.js';
+import { emittedRowOf, lsnOf, lsnText, messagePrefix, outboxRowOf, type StreamRow } from './walRows.js';
 
 /**
  * The outbox's inserts as the WAL has them: a logical replication connection on the relay's
  * slot, decoded with pgoutput in binary form, buffered by whole transactions in commit order.
+ * Outbox messages written to the WAL only (migration 0019) come the same way, in the same
+ * order; for them the slot is the only copy (see relay/wal/walMode.ts).
  *
  * The slot is a fast feed, not the authority: a row leaves the outbox table only once the
  * broker acknowledged it (the relay's delete), so a row the stream skipped, or delivered to a
@@ -49,14 +51,14 @@ function overflowMarker(xid: number): StreamRow {
   };
 }
 
-/** pgoutput with `binary 'true'` (Postgres 14+): columns in their send format, the payload as its bytes. */
+/** pgoutput with `binary 'true'` (Postgres 14+): columns in their send format, the payload as its bytes; and the logical messages. */
 class BinaryPgoutput extends PgoutputPlugin {
   constructor(private readonly publication: string) {
     super({ protoVersion: 1, publicationNames: [publication] });
   }
   override start(client: pg.Client, slot: string, lastLsn: string): Promise<unknown> {
     return client.query(
-      `START_REPLICATION SLOT "${slot}" LOGICAL ${lastLsn} (proto_version '1', publication_names '${this.publication}', binary 'true')`,
+      `START_REPLICATION SLOT "${slot}" LOGICAL ${lastLsn} (proto_version '1', publication_names '${this.publication}', binary 'true', messages 'true')`,
     );
   }
 }
@@ -68,6 +70,9 @@ const HIGH_WATER_BYTES = 64 * 1024 * 1024;
  * One transaction's rows are held until its commit arrives; past these, they are dropped from
  * memory and the relay reads that transaction from the table instead (a tenant's
  * `INSERT ... SELECT` of a million rows must not exhaust every relay, again at each restart).
+ * A transaction's WAL messages have no other copy: they are never dropped. pgoutput sends a
+ * transaction only once it committed, so past these they go to the relay before its commit
+ * arrives (all but the last: the slot is confirmed past a transaction only at its commit).
  */
 const MAX_OPEN_ROWS = 20_000;
 const MAX_OPEN_BYTES = 32 * 1024 * 1024;
@@ -88,7 +93,14 @@ export async function startWalStream(o: {
   log: Logger;
   /** The slot's confirmed position as the server has it: reported from the start, so the server never times the stream out before the first confirm. */
   confirmedFlush?: bigint;
+  /**
+   * Whether no role but the outbox's owner and superusers can write WAL messages (walSetup.ts
+   * checks): else one of the outbox's messages may be a forgery, and the stream ends with a
+   * ConfigurationError at the first one (nothing confirmed past it).
+   */
+  messagesTrusted?: boolean;
 }): Promise<WalStream> {
+  const prefix = messagePrefix(o.schema);
   const service = new LogicalReplicationService(
     { connectionString: o.connectionString, application_name: `cairn-relay-wal` },
     // Never acknowledge on its own: its timer would confirm what was received, not what the broker acked.
@@ -99,7 +111,9 @@ export async function startWalStream(o: {
   let open: StreamRow[] | undefined;
   let openXid = 0;
   let openBytes = 0;
+  let openEmitted = false;
   let overflowed = false;
+  let emittedIds = 0;
   let readyBytes = 0;
   let lastCommitEnd = 0n;
   let keepalive = 0n;
@@ -125,11 +139,13 @@ export async function startWalStream(o: {
   timer.unref();
 
   service.on('data', (_lsn: string, m: Pgoutput.Message) => {
+    if (broken) return; // nothing after a failure is taken: the next stream reads it again
     switch (m.tag) {
       case 'begin':
         open = [];
         openXid = m.xid;
         openBytes = 0;
+        openEmitted = false;
         overflowed = false;
         break;
       case 'insert':
@@ -137,32 +153,49 @@ export async function startWalStream(o: {
           const row = { ...outboxRowOf(m), xid: openXid };
           open.push(row);
           openBytes += row.payload.length;
-          if (open.length > MAX_OPEN_ROWS || openBytes > MAX_OPEN_BYTES) {
-            overflowed = true;
-            open = [];
+          if (open.length > MAX_OPEN_ROWS || openBytes > MAX_OPEN_BYTES) tooLarge();
+        }
+        break;
+      case 'message':
+        if (open && m.prefix === prefix) {
+          if (!o.messagesTrusted) {
+            fail(
+              new ConfigurationError(
+                'WAL relay: an outbox message arrived while roles other than the outbox owner can write WAL messages ' +
+                  '(pg_logical_emit_message): it may be forged; nothing past it is confirmed. Revoke that right (the relay ' +
+                  'names the statement at start) and start the relay again',
+              ),
+            );
+            return;
           }
+          let row: StreamRow;
+          try {
+            row = emittedRowOf(m.content, openXid, --emittedIds);
+          } catch (err) {
+            o.log.error(
+              { xid: openXid, err: (err as Error).message },
+              'an outbox message that does not decode: skipped',
+            );
+            return;
+          }
+          open.push(row);
+          openBytes += row.payload.length;
+          openEmitted = true;
+          if (open.length > MAX_OPEN_ROWS || openBytes > MAX_OPEN_BYTES) tooLarge();
         }
         break;
       case 'commit': {
         const end = lsnOf(m.commitEndLsn) ?? 0n;
-        if (overflowed) {
+        if (overflowed && open) {
           o.log.warn(
             { xid: openXid },
             'a transaction too large to buffer: the relay reads it from the table',
           );
-          open = [overflowMarker(openXid)];
+          open.push(overflowMarker(openXid));
         }
         if (open && open.length > 0) {
           open[open.length - 1]!.endLsn = end;
-          for (const r of open) {
-            ready.push(r);
-            readyBytes += r.payload.length;
-          }
-          if (!paused && (ready.length - head > HIGH_WATER_ROWS || readyBytes > HIGH_WATER_BYTES)) {
-            paused = true;
-            socket()?.pause?.();
-          }
-          signal();
+          toReady(open);
         }
         open = undefined;
         lastCommitEnd = end;
@@ -172,6 +205,37 @@ export async function startWalStream(o: {
         break;
     }
   });
+  /** Rows of committed transactions (all of them, or a large one's first part) for the relay. */
+  function toReady(rows: readonly StreamRow[]): void {
+    for (const r of rows) {
+      ready.push(r);
+      readyBytes += r.payload.length;
+    }
+    if (!paused && (ready.length - head > HIGH_WATER_ROWS || readyBytes > HIGH_WATER_BYTES)) {
+      paused = true;
+      socket()?.pause?.();
+    }
+    signal();
+  }
+  /**
+   * The open transaction is past what is buffered: its table rows are dropped (the relay reads
+   * them from the table), its WAL messages go to the relay now, all but the last.
+   */
+  function tooLarge(): void {
+    if (!open) return;
+    if (!overflowed && !openEmitted) {
+      overflowed = true;
+      open = [];
+      return;
+    }
+    if (!overflowed) {
+      overflowed = true;
+      open = open.filter((r) => r.emitted);
+    }
+    toReady(open.splice(0, open.length - 1));
+    openBytes = open.reduce((n, r) => n + r.payload.length, 0);
+  }
+
   service.on('heartbeat', (lsn: string, _ts: number, shouldRespond: boolean) => {
     keepalive = lsnOf(lsn) ?? keepalive;
     if (shouldRespond) sendStatus();

@@ -21,6 +21,8 @@ const CAIRN_TABLES: Readonly<Record<keyof Database, true>> = {
   task_state: true,
   task_audit: true,
   outbox: true,
+  outbox_wal: true,
+  outbox_wal_reader: true,
   relay_lane: true,
   relay_instance: true,
   outbox_parked_key: true,

@@ -42,6 +42,29 @@ export interface OutboxTable {
   last_error: string | null;
 }
 
+/**
+ * Outbox messages written to the WAL only (migration 0019): a row inserted here is checked and
+ * becomes a logical decoding message for the WAL relay; nothing is stored.
+ */
+export interface OutboxWalTable {
+  message_id: string;
+  tenant_id: string | null;
+  task_id: string | null;
+  task_version: number | null;
+  task_seq: number | null;
+  topic: string;
+  key: string;
+  headers: JSONColumnType<Record<string, string>>;
+  payload: Buffer;
+  created_at: Generated<Date>;
+}
+
+/** The slots of WAL relays that read outbox messages (0019): writing one needs such a slot. */
+export interface OutboxWalReaderTable {
+  slot_name: string;
+  registered_at: Generated<Date>;
+}
+
 export interface RelayLaneTable {
   lane: number;
   owner: string | null;
@@ -285,6 +308,8 @@ export interface Database {
   task_state: TaskStateTable;
   task_audit: TaskAuditTable;
   outbox: OutboxTable;
+  outbox_wal: OutboxWalTable;
+  outbox_wal_reader: OutboxWalReaderTable;
   relay_lane: RelayLaneTable;
   relay_instance: RelayInstanceTable;
   outbox_parked_key: OutboxParkedKeyTable;

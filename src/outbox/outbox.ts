@@ -66,6 +66,16 @@ export interface OutboxOptions {
    * `wakeOnNotify`. Costs commit throughput (see README); polling alone is the default.
    */
   notify?: boolean;
+  /**
+   * Write each message to the WAL only (a logical decoding message, migration 0019), not as a
+   * row of the outbox table: nothing for Postgres to store, claim, delete or vacuum. Needs a
+   * relay in WAL mode reading this database (its slot registered: else the write is refused,
+   * 55000, rather than lost) and the right to write WAL messages taken from every role but the
+   * outbox's owner (the relay checks and names the statement). The slot is then the only copy
+   * of a message until the broker acked it: see docs/relay-modes.md for what that means at a
+   * regional failover. Off by default.
+   */
+  walMessages?: boolean;
 }
 
 const OutboxOptionsSchema = optionsSchema<OutboxOptions>()(
@@ -73,6 +83,7 @@ const OutboxOptionsSchema = optionsSchema<OutboxOptions>()(
     schemas: z.record(z.string(), objectWith<z.ZodType>('a zod schema', 'safeParse')).optional(),
     maxPayloadBytes: z.number().int().positive().optional(),
     notify: z.boolean().optional(),
+    walMessages: z.boolean().optional(),
   }),
 );
 
@@ -103,6 +114,25 @@ export function createOutbox(input: OutboxOptions = {}): Outbox {
     },
     async insert(trx, rows) {
       if (rows.length === 0) return [];
+      if (options.walMessages) {
+        await trx
+          .insertInto('outbox_wal')
+          .values(
+            rows.map((r) => ({
+              message_id: r.message_id,
+              tenant_id: r.tenant_id,
+              task_id: r.task_id,
+              task_version: r.task_version,
+              task_seq: r.task_seq,
+              topic: r.topic,
+              key: r.key,
+              headers: JSON.stringify(r.headers),
+              payload: r.payload,
+            })),
+          )
+          .execute();
+        return rows.map((r) => r.message_id);
+      }
       await trx
         .insertInto('outbox')
         .values(

@@ -43,7 +43,7 @@ function sweep(r: Routing, table: Map<number, StreamRow>, published: number[], p
 
 /** The stream hands rows over: routed ones are published if the table still has them (walMode's check). */
 function stream(r: Routing, table: Map<number, StreamRow>, rows: StreamRow[], published: number[]) {
-  for (const x of r.route(rows)) {
+  for (const x of r.route(rows).now) {
     if (!table.has(x.id)) continue;
     published.push(x.id);
     table.delete(x.id);
@@ -63,12 +63,12 @@ describe('WAL routing (relay/wal/walRouting.ts)', () => {
     const r = createWalRouting({ sweepEveryMs: 1000 });
     r.lanesOwned(new Map([[1, 7]]));
     r.holdAll();
-    expect(r.route([row(1)])).toEqual([]);
+    expect(r.route([row(1)]).now).toEqual([]);
     expect(r.sweepDue(0)).toEqual({ lanes: [1] });
     r.swept({ lanes: [1] }, { full: true, parkedBefore: new Set(), now: 0 }); // a limit cut it
-    expect(r.route([row(2)])).toEqual([]);
+    expect(r.route([row(2)]).now).toEqual([]);
     r.swept({ lanes: [1] }, { full: false, parkedBefore: new Set(), now: 0 });
-    expect(r.route([row(3)]).map((x) => x.id)).toEqual([3]);
+    expect(r.route([row(3)]).now.map((x) => x.id)).toEqual([3]);
     expect(r.tableXids().sort()).toEqual([1001, 1002]);
   });
 
@@ -102,7 +102,7 @@ describe('WAL routing (relay/wal/walRouting.ts)', () => {
   it('a lane taken again under a new token is held; a lane not owned is left to its owner', () => {
     const r = streaming();
     r.lanesOwned(new Map([[1, 8]])); // lane 1 taken again (another relay held it meanwhile); lane 2 lost
-    expect(r.route([row(1, 'a', 1), row(2, 'b', 2)])).toEqual([]);
+    expect(r.route([row(1, 'a', 1), row(2, 'b', 2)]).now).toEqual([]);
     expect(r.tableXids()).toEqual([1001]);
     expect(r.sweepDue(0)).toEqual({ lanes: [1] });
   });

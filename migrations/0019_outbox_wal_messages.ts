@@ -1,0 +1,138 @@
+import { type Kysely, sql } from 'kysely';
+import { APP_ROLE } from './0006_tenancy.js';
+import { targetSchema } from './schema.js';
+
+/**
+ * Outbox messages written to the WAL only (issue 16, the WAL relay's message mode): an insert
+ * into `outbox_wal` is checked like an outbox row (the tenant triggers, the sizes and names of
+ * 0008/0015/0017) and then becomes a transactional logical decoding message
+ * (`pg_logical_emit_message`), not a row: nothing is stored, claimed, deleted or vacuumed, and
+ * the relay streaming the slot publishes it in commit order.
+ *
+ * Who can write one: the same roles as an outbox row (a tenant's role as itself, the outbox's
+ * owner). The message is emitted by the trigger, as the owner; a role that could call
+ * `pg_logical_emit_message` itself could forge any tenant's message, so the relay reads
+ * messages only once no such role exists (relay/wal/walSetup.ts checks and names the REVOKE)
+ * and only then registers its slot in `outbox_wal_reader`. A message emitted while no
+ * registered slot exists would be lost (the WAL keeps it only for a slot): the insert is
+ * refused instead (55000), before anything is written.
+ */
+export async function up(db: Kysely<unknown>): Promise<void> {
+  const S = await targetSchema(db);
+  const role = sql.id(APP_ROLE);
+  await sql`
+    CREATE TABLE outbox_wal_reader (
+      slot_name text PRIMARY KEY,
+      registered_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE outbox_wal (
+      message_id   uuid NOT NULL,
+      tenant_id    text,
+      task_id      text,
+      task_version bigint,
+      task_seq     integer,
+      topic        text NOT NULL,
+      key          text NOT NULL,
+      headers      jsonb NOT NULL DEFAULT '{}',
+      payload      bytea NOT NULL,
+      created_at   timestamptz NOT NULL DEFAULT now()
+    );
+    GRANT INSERT (message_id, tenant_id, task_id, task_version, task_seq, topic, key, headers, payload)
+      ON outbox_wal TO ${role};
+
+    -- Before anything is emitted: a registered slot exists, so the message has a reader.
+    CREATE FUNCTION cairn_outbox_wal_reader() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
+    BEGIN
+      IF NOT EXISTS (
+        SELECT 1 FROM ${S}.outbox_wal_reader w JOIN pg_replication_slots s ON s.slot_name = w.slot_name
+         WHERE s.database = current_database() AND s.wal_status IS DISTINCT FROM 'lost'
+      ) THEN
+        RAISE EXCEPTION 'outbox messages to the WAL need a relay in WAL mode reading them on this database (no registered replication slot): start one, or write outbox rows'
+          USING ERRCODE = '55000';
+      END IF;
+      RETURN NULL;
+    END
+    $fn$;
+    CREATE TRIGGER outbox_wal_reader BEFORE INSERT ON outbox_wal
+      FOR EACH STATEMENT EXECUTE FUNCTION cairn_outbox_wal_reader();
+
+    -- One trigger does what outbox rows take three for (the tenant and task triggers of 0006 and
+    -- 0008, the CHECKs of 0008/0015/0017): each trigger call with its own search_path costs a
+    -- few microseconds per message.
+    CREATE FUNCTION cairn_outbox_wal_emit() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
+    DECLARE
+      writer text := ${S}.cairn_current_tenant();
+      header bytea;
+      emitted pg_lsn;
+    BEGIN
+      -- What the outbox's row-level security asks of a row: a tenant's role writes as itself,
+      -- any other role only as the outbox's owner (current_user here: this function's owner).
+      IF writer IS NOT NULL THEN
+        NEW.tenant_id := writer;
+      ELSIF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
+        RAISE EXCEPTION 'outbox message %: only a tenant''s role, or the outbox''s owner, writes outbox messages', NEW.message_id
+          USING ERRCODE = '42501';
+      END IF;
+      -- Conditions with a subquery run through the executor (microseconds each): only when needed.
+      IF NEW.task_id IS NOT NULL THEN
+        IF NOT EXISTS (
+          SELECT 1 FROM ${S}.task_state s WHERE s.task_id = NEW.task_id AND s.tenant_id IS NOT DISTINCT FROM NEW.tenant_id
+        ) THEN
+          RAISE EXCEPTION 'outbox message %: task % does not exist (or belongs to another tenant)',
+            NEW.message_id, NEW.task_id USING ERRCODE = '42501';
+        END IF;
+      END IF;
+      IF NOT (NEW.topic ~ '^[A-Za-z0-9._-]{1,249}$' AND NEW.topic NOT IN ('.', '..')) THEN
+        RAISE EXCEPTION 'outbox message %: topic is not a Kafka topic name', NEW.message_id USING ERRCODE = '23514';
+      END IF;
+      IF octet_length(NEW.key) > 2048 OR octet_length(NEW.payload) > 67108864 THEN
+        RAISE EXCEPTION 'outbox message %: key over 2 KiB or payload over 64 MiB', NEW.message_id USING ERRCODE = '23514';
+      END IF;
+      IF NEW.headers <> '{}' THEN
+        -- cairn_headers_ok(), inline: a call of a function with its own search_path costs ~20 µs.
+        IF pg_column_size(NEW.headers) > 16384 OR jsonb_typeof(NEW.headers) <> 'object' OR EXISTS (
+          SELECT 1 FROM jsonb_each(NEW.headers) e WHERE jsonb_typeof(e.value) <> 'string' OR lower(e.key) LIKE 'cairn-%'
+        ) THEN
+          RAISE EXCEPTION 'outbox message %: headers not an object of strings, over 16 KiB, or named cairn-*', NEW.message_id
+            USING ERRCODE = '23514';
+        END IF;
+      END IF;
+      header := convert_to(json_build_object(
+        'm', NEW.message_id, 't', NEW.tenant_id, 'i', NEW.task_id, 'v', NEW.task_version, 's', NEW.task_seq,
+        'p', NEW.topic, 'k', NEW.key, 'h', NEW.headers,
+        'c', CASE WHEN isfinite(NEW.created_at) THEN floor(extract(epoch FROM NEW.created_at) * 1000) END
+      )::text, 'UTF8');
+      -- An assignment, not PERFORM: a plain function call skips the executor.
+      emitted := pg_logical_emit_message(true, ${sql.lit(`cairn.outbox:${await schemaName(db)}`)},
+        int4send(octet_length(header)) || header || NEW.payload);
+      RETURN NULL;
+    END
+    $fn$;
+    CREATE TRIGGER outbox_wal_emit BEFORE INSERT ON outbox_wal FOR EACH ROW EXECUTE FUNCTION cairn_outbox_wal_emit();
+
+    -- A WAL message whose key is parked, or whose lane another relay owns, is written into the
+    -- outbox table by the relay (as the owner) to wait there, after its task may have been
+    -- deleted: its task was checked when it was written (above). Only an owner's session
+    -- that says so skips the check; a tenant's role is always checked.
+    CREATE OR REPLACE FUNCTION cairn_outbox_task() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+      SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
+    BEGIN
+      IF NEW.task_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM ${S}.task_state s WHERE s.task_id = NEW.task_id AND s.tenant_id IS NOT DISTINCT FROM NEW.tenant_id
+      ) AND NOT (current_setting('cairn.relay_moves_wal_messages', true) = 'on'
+                 AND ${S}.cairn_current_tenant() IS NULL AND pg_has_role(session_user, current_user, 'MEMBER')) THEN
+        RAISE EXCEPTION 'outbox message %: task % does not exist (or belongs to another tenant)',
+          NEW.message_id, NEW.task_id USING ERRCODE = '42501';
+      END IF;
+      RETURN NEW;
+    END
+    $fn$;
+  `.execute(db);
+}
+
+async function schemaName(db: Kysely<unknown>): Promise<string> {
+  const { rows } = await sql<{ schema: string }>`SELECT current_schema() AS schema`.execute(db);
+  return rows[0]!.schema;
+}

@@ -1,0 +1,42 @@
+import { sql } from 'kysely';
+import type { Db } from '../../src/db/database.js';
+import type { ClaimedRow } from '../sql/claimBatch.js';
+
+/**
+ * Writes WAL messages (rows of no table, `emitted`) into the outbox table, in the order given,
+ * and makes them rows: their ids become the table's, `emitted` goes. For a message that must
+ * wait (its key parked, its lane held or owned by another relay) before the slot is confirmed
+ * past it: from then on the table keeps it, like any row, until it is published or skipped.
+ *
+ * A message written before (the stream read again from the slot after a restart) keeps its
+ * row: the same message id and tenant is one row (the outbox's unique index). Its task is not
+ * checked again (it was when the message was written; it may be deleted since): the session
+ * says so to migration 0019's task trigger, which believes it of the outbox's owner only.
+ */
+export async function writeToTable(db: Db, rows: readonly ClaimedRow[]): Promise<void> {
+  const messages = rows.filter((r) => r.emitted);
+  if (messages.length === 0) return;
+  const seen = new Map<string, ClaimedRow>();
+  for (const r of messages) seen.set(`${r.tenant_id ?? ''}\u0000${r.message_id}`, r);
+  const values = [...seen.values()].map(
+    (r) =>
+      sql`(${r.lane}, ${r.message_id}::uuid, ${r.tenant_id}, ${r.task_id}, ${r.task_version}::bigint, ${r.task_seq}::int,
+           ${r.topic}, ${r.key}, ${JSON.stringify(r.headers ?? {})}::jsonb, ${r.payload},
+           ${Number.isFinite(r.created_ms) ? new Date(r.created_ms).toISOString() : 'infinity'}::timestamptz)`,
+  );
+  const ids = await db.transaction().execute(async (trx) => {
+    await sql`SELECT set_config('cairn.relay_moves_wal_messages', 'on', true)`.execute(trx);
+    const { rows: written } = await sql<{ id: string; message_id: string; tenant: string }>`
+      INSERT INTO outbox (lane, message_id, tenant_id, task_id, task_version, task_seq, topic, key, headers, payload, created_at)
+      VALUES ${sql.join(values)}
+      ON CONFLICT ((coalesce(tenant_id, '')), message_id) DO UPDATE SET attempts = outbox.attempts
+      RETURNING id::text AS id, message_id::text AS message_id, coalesce(tenant_id, '') AS tenant`.execute(
+      trx,
+    );
+    return new Map(written.map((w) => [`${w.tenant}\u0000${w.message_id}`, Number(w.id)]));
+  });
+  for (const r of messages) {
+    r.id = ids.get(`${r.tenant_id ?? ''}\u0000${r.message_id}`)!;
+    delete r.emitted;
+  }
+}
