@@ -20,6 +20,8 @@ export async function commitToAck(opts: {
   seconds: number;
   relay: Partial<Omit<RelayOptions, 'db' | 'publisher'>>;
   notify?: boolean;
+  /** Messages written to the WAL only (createOutbox({ walMessages: true })). */
+  walMessages?: boolean;
   cpu: CpuSources;
   /** The relay's Kafka client (default: CAIRN_KAFKA_CLIENT, else kafkajs). */
   client?: KafkaClientName;
@@ -71,7 +73,7 @@ export async function commitToAck(opts: {
   // Then one message through: in the WAL mode the stream first reads again what its slot holds
   // (after a backlog, about a second per 100,000 rows on this machine), and commits wait behind it.
   const probe = rows(1, 1, opts.topic);
-  await insertRows(opts.db, probe);
+  await insertRows(opts.db, probe, opts.walMessages);
   probing = probe[0]!.id;
   for (const until = Date.now() + 60_000; probing !== undefined && Date.now() < until; ) {
     await new Promise((r) => setTimeout(r, 20));
@@ -85,7 +87,7 @@ export async function commitToAck(opts: {
     while (performance.now() < end) {
       const batch = rows(perTick, 1000, opts.topic);
       await opts.db.transaction().execute(async (trx) => {
-        await insertRows(trx, batch);
+        await insertRows(trx, batch, opts.walMessages);
         if (opts.notify) await sql`SELECT pg_notify(${OUTBOX_CHANNEL}, '')`.execute(trx);
       });
       const at = performance.now();
@@ -96,6 +98,13 @@ export async function commitToAck(opts: {
       if (wait > 0) await new Promise((r) => setTimeout(r, wait));
     }
     while ((await outboxCount(opts.db)) > 0) await new Promise((r) => setTimeout(r, 20));
+    // WAL messages leave no row to count: until the broker acked the last one.
+    for (
+      const until = Date.now() + 30_000;
+      opts.walMessages && latencies.length < sent && Date.now() < until;
+    ) {
+      await new Promise((r) => setTimeout(r, 5));
+    }
   });
   await relay.stop();
   await running;

@@ -18,7 +18,21 @@ export function rows(n: number, keys: number, topic: string) {
  * `cairn-message-id` from message_id (since migration 0008 a row storing a `cairn-*` header
  * is refused by outbox_headers_ok).
  */
-export async function insertRows(db: Executor, batch: ReturnType<typeof rows>): Promise<void> {
+export async function insertRows(
+  db: Executor,
+  batch: ReturnType<typeof rows>,
+  walMessages = false,
+): Promise<void> {
+  if (walMessages) {
+    // Written to the WAL only (migration 0019), as createOutbox({ walMessages: true }) writes them.
+    await sql`
+      INSERT INTO outbox_wal (message_id, topic, key, headers, payload)
+      SELECT id, topic, key, '{}'::jsonb, ${PAYLOAD}
+        FROM unnest(${batch.map((r) => r.id)}::uuid[], ${batch.map((r) => r.topic)}::text[],
+                    ${batch.map((r) => r.key)}::text[]) AS t(id, topic, key)
+    `.execute(db);
+    return;
+  }
   await sql`
     INSERT INTO outbox (lane, message_id, topic, key, headers, payload)
     SELECT lane, id, topic, key, '{}'::jsonb, ${PAYLOAD}

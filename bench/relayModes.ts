@@ -25,13 +25,17 @@ import { createTopicsAndWait } from '../src/kafka/kafkajsAdmin.js';
 import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { commitToAck } from './commitToAck.js';
 import { type CpuPerMsg, type CpuSpent, cpuDuring, cpuLine, cpuPerMsg, cpuSources } from './cpu.js';
-import { insertRows, outboxCount, rows } from './outboxRows.js';
+import { insertRows, outboxCount, PAYLOAD, rows } from './outboxRows.js';
 import type { BenchEnv } from './support.js';
 import { flag } from './support.js';
 
-type Mode = 'poll' | 'wal';
+type Mode = 'poll' | 'wal' | 'walmsg';
+const MODES: readonly Mode[] = ['poll', 'wal', 'walmsg'];
+const MODE_NAMES: Record<Mode, string> = { poll: 'polling', wal: 'WAL (rows)', walmsg: 'WAL messages' };
 
 interface ModeResult {
+  drain_msgs_per_s: number;
+  drain_ratio_to_raw_publisher?: number;
   burst_msgs_per_s: number;
   streamed: number;
   p50_ms_at_1k: number;
@@ -51,7 +55,8 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
   const quick = args.includes('--quick');
   const i = args.indexOf('--modes');
   const modes = (i >= 0 ? (args[i + 1] ?? '') : 'poll,wal').split(',') as Mode[];
-  for (const m of modes) if (m !== 'poll' && m !== 'wal') throw new Error(`--modes: ${m} is not poll or wal`);
+  for (const m of modes)
+    if (!MODES.includes(m)) throw new Error(`--modes: ${m} is not one of ${MODES.join(', ')}`);
   const c = args.indexOf('--clients');
   const clients = (c >= 0 ? (args[c + 1] ?? '') : defaultKafkaClient()).split(',') as KafkaClientName[];
   for (const k of clients) {
@@ -86,14 +91,28 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
           batchSize: 2500,
           leaseTtlMs: 10_000,
           maxIdleMs: 5,
-          ...(mode === 'wal' ? { wal: { connectionString: url, slot: name } } : {}),
+          ...(mode !== 'poll' ? { wal: { connectionString: url, slot: name } } : {}),
         };
 
         // The inserts alone, as the burst commits them, with no relay: what the burst's figure holds besides the relay.
         const batches = Array.from({ length: Math.ceil(n / 1000) }, () => rows(1000, 1000, topic));
+        const walMessages = mode === 'walmsg';
+        if (walMessages) {
+          // Only the outbox's owner may write WAL messages (the relay checks), and a message
+          // needs a registered slot: a slot of its own for the inserts alone, dropped after.
+          await sql`REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea), pg_logical_emit_message(boolean, text, text) FROM PUBLIC`.execute(
+            db,
+          );
+          await sql`SELECT pg_create_logical_replication_slot('bench_inserts_alone', 'pgoutput')`.execute(db);
+          await sql`INSERT INTO outbox_wal_reader (slot_name) VALUES ('bench_inserts_alone')`.execute(db);
+        }
         const insertOnly = await cpuDuring(cpuSrc, async () => {
-          for (const b of batches) await insertRows(db, b);
+          for (const b of batches) await insertRows(db, b, walMessages);
         });
+        if (walMessages) {
+          await sql`DELETE FROM outbox_wal_reader WHERE slot_name = 'bench_inserts_alone'`.execute(db);
+          await sql`SELECT pg_drop_replication_slot('bench_inserts_alone')`.execute(db);
+        }
         await db.deleteFrom('outbox').execute();
         await sql`VACUUM outbox`.execute(db);
 
@@ -109,13 +128,31 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
         while (!ready()) await new Promise((r) => setTimeout(r, 20));
         const fresh = Array.from({ length: batches.length }, () => rows(1000, 1000, topic));
         const burst = await cpuDuring(cpuSrc, async () => {
-          for (const b of fresh) await insertRows(db, b);
+          for (const b of fresh) await insertRows(db, b, walMessages);
           while (relay.stats().published < n) await new Promise((r) => setTimeout(r, 5));
           while ((await outboxCount(db)) > 0) await new Promise((r) => setTimeout(r, 20));
         });
         const streamed = relay.stats().wal?.streamed ?? 0;
         await relay.stop();
         await running;
+
+        // A backlog committed while no relay runs (the slot kept what follows its position),
+        // then drained by a relay started on it.
+        for (const b of Array.from({ length: batches.length }, () => rows(1000, 1000, topic)))
+          await insertRows(db, b, walMessages);
+        const drainer = createRelay({
+          ...relayOptions,
+          db,
+          publisher: createKafkaPublisher({ brokers, client }),
+        });
+        let drainRun: Promise<void> | undefined;
+        const drain = await cpuDuring(cpuSrc, async () => {
+          drainRun = drainer.run();
+          while (drainer.stats().published < n) await new Promise((r) => setTimeout(r, 5));
+          while ((await outboxCount(db)) > 0) await new Promise((r) => setTimeout(r, 20));
+        });
+        await drainer.stop();
+        await drainRun;
 
         const steady = (rate: number) =>
           commitToAck({
@@ -127,22 +164,27 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
             relay: relayOptions,
             cpu: cpuSrc,
             client,
+            walMessages,
           });
         const at1k = await steady(1000);
         const at5k = await steady(5000);
         await db.destroy();
 
         const cpu: Record<string, CpuPerMsg> = {
+          drain: cpuPerMsg(drain.cpu, n),
           burst_inserts_and_relay: cpuPerMsg(burst.cpu, n),
           inserts_alone: cpuPerMsg(insertOnly.cpu, n),
           burst_relay_alone: cpuPerMsg(minus(burst.cpu, insertOnly.cpu), n),
           steady_1k: cpuPerMsg(at1k.cpu, at1k.sent),
           steady_5k: cpuPerMsg(at5k.cpu, at5k.sent),
         };
-        console.log(`\n== ${mode === 'poll' ? 'polling' : 'WAL'} mode, ${client}, ${n} x 200 B`);
+        console.log(`\n== ${MODE_NAMES[mode]} mode, ${client}, ${n} x 200 B`);
         console.log(
           `burst: ${(n / burst.seconds).toFixed(0)} msgs/s committed and published (inserts alone ${(n / insertOnly.seconds).toFixed(0)}/s)` +
-            (mode === 'wal' ? `; ${streamed} rows taken from the stream` : ''),
+            (mode !== 'poll' ? `; ${streamed} taken from the stream` : ''),
+        );
+        console.log(
+          `drain of a ${n} backlog: ${(n / drain.seconds).toFixed(0)} msgs/s; ${cpuLine(cpu.drain!)}`,
         );
         console.log(`  inserts + relay   ${cpuLine(cpu.burst_inserts_and_relay!)}`);
         console.log(`  inserts alone     ${cpuLine(cpu.inserts_alone!)}`);
@@ -156,6 +198,7 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
           );
         }
         results[combo] = {
+          drain_msgs_per_s: Math.round(n / drain.seconds),
           burst_msgs_per_s: Math.round(n / burst.seconds),
           streamed,
           p50_ms_at_1k: Number(at1k.p50.toFixed(2)),
@@ -165,20 +208,55 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
           cpu_by_phase: cpu,
         };
       }
-    console.log(
-      '\nmode/client        relay alone CPU µs/msg (Node, Postgres, broker)  burst msgs/s  p50/p99 ms at 1k  at 5k',
-    );
-    for (const [combo, r] of Object.entries(results) as Array<[string, ModeResult]>) {
-      const a = r.cpu_by_phase.burst_relay_alone!;
-      const p = a.cpu_us_per_msg_by_process;
+    // Each client's own Publisher with no Postgres, the same messages in the relay's batches:
+    // what a drain is compared with (target: >= 0.8 of it).
+    const raw: Record<string, { msgs_per_s: number; cpu: CpuPerMsg }> = {};
+    const quiet = createDb({ connectionString: server.url('postgres'), max: 1 });
+    const rawSrc = await cpuSources({
+      stack,
+      db: quiet,
+      url: server.url('postgres'),
+      close: () => quiet.destroy(),
+    });
+    for (const client of clients) {
+      const topic = `bench.modes.raw.${client}.${Date.now()}`;
+      topics.push(topic);
+      await createTopicsAndWait(admin, [{ topic, numPartitions: 6 }]);
+      const pub = createKafkaPublisher({ brokers, client });
+      await pub.connect();
+      const msgs = rows(n, 1000, topic).map((m) => ({
+        topic,
+        key: m.key,
+        value: PAYLOAD,
+        headers: { 'cairn-message-id': m.id },
+      }));
+      const spent = await cpuDuring(rawSrc, async () => {
+        for (let i = 0; i < msgs.length; i += 2500) await pub.publish(msgs.slice(i, i + 2500));
+      });
+      await pub.disconnect();
+      raw[client] = { msgs_per_s: Math.round(n / spent.seconds), cpu: cpuPerMsg(spent.cpu, n) };
       console.log(
-        `${combo.padEnd(18)} ${String(a.cpu_us_per_msg).padStart(6)} (${p.node}, ${p.postgres}, ${p.broker})`.padEnd(
-          66,
-        ) +
-          `${String(r.burst_msgs_per_s).padStart(8)}  ${r.p50_ms_at_1k}/${r.p99_ms_at_1k}  ${r.p50_ms_at_5k}/${r.p99_ms_at_5k}`,
+        `raw ${client} Publisher, no Postgres: ${raw[client]!.msgs_per_s} msgs/s; ${cpuLine(raw[client]!.cpu)}`,
       );
     }
-    return { bench: 'relay', modes: results, messages: n };
+    await quiet.destroy();
+    console.log(
+      '\nmode/client            drain msgs/s (x raw)  drain CPU µs/msg (Node, PG, broker)  relay alone in a burst  p50/p99 ms at 1k  at 5k',
+    );
+    for (const [combo, r] of Object.entries(results) as Array<[string, ModeResult]>) {
+      const cpuText = (c: CpuPerMsg) => {
+        const p = c.cpu_us_per_msg_by_process;
+        return `${c.cpu_us_per_msg} (${p.node}, ${p.postgres}, ${p.broker})`;
+      };
+      const client = combo.split('/')[1]!;
+      r.drain_ratio_to_raw_publisher = Number((r.drain_msgs_per_s / raw[client]!.msgs_per_s).toFixed(3));
+      console.log(
+        `${combo.padEnd(22)} ${`${r.drain_msgs_per_s} (${r.drain_ratio_to_raw_publisher})`.padEnd(21)} ` +
+          `${cpuText(r.cpu_by_phase.drain!).padEnd(36)} ${cpuText(r.cpu_by_phase.burst_relay_alone!).padEnd(23)} ` +
+          `${r.p50_ms_at_1k}/${r.p99_ms_at_1k}  ${r.p50_ms_at_5k}/${r.p99_ms_at_5k}`,
+      );
+    }
+    return { bench: 'relay', modes: results, raw_publisher: raw, messages: n };
   } finally {
     await admin.deleteTopics({ topics }).catch(() => {});
     await admin.disconnect();
