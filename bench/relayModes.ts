@@ -98,13 +98,10 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
         const batches = Array.from({ length: Math.ceil(n / 1000) }, () => rows(1000, 1000, topic));
         const walMessages = mode === 'walmsg';
         if (walMessages) {
-          // Only the outbox's owner may write WAL messages (the relay checks), and a message
-          // needs a registered slot: a slot of its own for the inserts alone, dropped after.
-          await sql`REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea), pg_logical_emit_message(boolean, text, text) FROM PUBLIC`.execute(
-            db,
-          );
+          // A message needs a registered reader: a slot of its own for the inserts alone, dropped after.
           await sql`SELECT pg_create_logical_replication_slot('bench_inserts_alone', 'pgoutput')`.execute(db);
-          await sql`INSERT INTO outbox_wal_reader (slot_name) VALUES ('bench_inserts_alone')`.execute(db);
+          await sql`INSERT INTO outbox_wal_reader (slot_name, timeline)
+            VALUES ('bench_inserts_alone', substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))`.execute(db);
         }
         const insertOnly = await cpuDuring(cpuSrc, async () => {
           for (const b of batches) await insertRows(db, b, walMessages);

@@ -10,12 +10,12 @@ import { targetSchema } from './schema.js';
  * the relay streaming the slot publishes it in commit order.
  *
  * Who can write one: the same roles as an outbox row (a tenant's role as itself, the outbox's
- * owner). The message is emitted by the trigger, as the owner; a role that could call
- * `pg_logical_emit_message` itself could forge any tenant's message, so the relay reads
- * messages only once no such role exists (relay/wal/walSetup.ts checks and names the REVOKE)
- * and only then registers its slot in `outbox_wal_reader`. A message emitted while no
- * registered slot exists would be lost (the WAL keeps it only for a slot): the insert is
- * refused instead (55000), before anything is written.
+ * owner). The message is emitted by the trigger, as the owner, with a secret only the owner
+ * can read (`outbox_wal_secret`): any role may call `pg_logical_emit_message` itself (PUBLIC
+ * can, by default), and the relay drops a message without the secret, so no role forges
+ * another tenant's message. A message emitted while no relay's slot is registered in
+ * `outbox_wal_reader` would be lost (the WAL keeps it only for a slot): the insert is refused
+ * instead (55000), before anything is written.
  */
 export async function up(db: Kysely<unknown>): Promise<void> {
   const S = await targetSchema(db);
@@ -23,8 +23,17 @@ export async function up(db: Kysely<unknown>): Promise<void> {
   await sql`
     CREATE TABLE outbox_wal_reader (
       slot_name text PRIMARY KEY,
+      -- The server's timeline when the relay registered (the first 8 digits of a WAL file's
+      -- name): a standby promoted since has another, and no slot of the old primary's.
+      timeline text NOT NULL,
       registered_at timestamptz NOT NULL DEFAULT now()
     );
+    -- Known to the outbox's owner alone (its trigger writes it into each message, the relay
+    -- checks it): a role that may call pg_logical_emit_message itself (PUBLIC may, by default)
+    -- cannot write a message the relay takes for the outbox's.
+    CREATE TABLE outbox_wal_secret (secret text NOT NULL);
+    INSERT INTO outbox_wal_secret VALUES (replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', ''));
+    REVOKE ALL ON outbox_wal_secret FROM PUBLIC;
     CREATE TABLE outbox_wal (
       message_id   uuid NOT NULL,
       tenant_id    text,
@@ -44,9 +53,14 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     CREATE FUNCTION cairn_outbox_wal_reader() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
       SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
     BEGIN
+      -- A slot still being made (it waits for running transactions) is listed with no
+      -- confirmed position yet, and will not decode what commits meanwhile; after a promotion
+      -- the registration came over with the data, the slot did not: the relay registers again.
       IF NOT EXISTS (
         SELECT 1 FROM ${S}.outbox_wal_reader w JOIN pg_replication_slots s ON s.slot_name = w.slot_name
          WHERE s.database = current_database() AND s.wal_status IS DISTINCT FROM 'lost'
+           AND s.confirmed_flush_lsn IS NOT NULL
+           AND w.timeline = substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)
       ) THEN
         RAISE EXCEPTION 'outbox messages to the WAL need a relay in WAL mode reading them on this database (no registered replication slot): start one, or write outbox rows'
           USING ERRCODE = '55000';
@@ -64,11 +78,18 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
     DECLARE
       writer text := ${S}.cairn_current_tenant();
+      token text;
       header bytea;
       emitted pg_lsn;
     BEGIN
       -- What the outbox's row-level security asks of a row: a tenant's role writes as itself,
       -- any other role only as the outbox's owner (current_user here: this function's owner).
+      -- NOT NULL is checked after BEFORE triggers, and this one stores nothing: checked here.
+      IF NEW.message_id IS NULL OR NEW.topic IS NULL OR NEW.key IS NULL OR NEW.headers IS NULL
+         OR NEW.payload IS NULL OR NEW.created_at IS NULL THEN
+        RAISE EXCEPTION 'outbox message %: message_id, topic, key, headers, payload and created_at may not be null', NEW.message_id
+          USING ERRCODE = '23502';
+      END IF;
       IF writer IS NOT NULL THEN
         NEW.tenant_id := writer;
       ELSIF NOT pg_has_role(session_user, current_user, 'MEMBER') THEN
@@ -99,8 +120,9 @@ export async function up(db: Kysely<unknown>): Promise<void> {
             USING ERRCODE = '23514';
         END IF;
       END IF;
+      SELECT w.secret INTO token FROM ${S}.outbox_wal_secret w;
       header := convert_to(json_build_object(
-        'm', NEW.message_id, 't', NEW.tenant_id, 'i', NEW.task_id, 'v', NEW.task_version, 's', NEW.task_seq,
+        'a', token, 'm', NEW.message_id, 't', NEW.tenant_id, 'i', NEW.task_id, 'v', NEW.task_version, 's', NEW.task_seq,
         'p', NEW.topic, 'k', NEW.key, 'h', NEW.headers,
         'c', CASE WHEN isfinite(NEW.created_at) THEN floor(extract(epoch FROM NEW.created_at) * 1000) END
       )::text, 'UTF8');
@@ -111,6 +133,16 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     END
     $fn$;
     CREATE TRIGGER outbox_wal_emit BEFORE INSERT ON outbox_wal FOR EACH ROW EXECUTE FUNCTION cairn_outbox_wal_emit();
+
+    -- A WAL message the relay moves into the table (its key parked, its lane held) is a row
+    -- only the relay writes: a tenant's own row with the same id, its transaction left open,
+    -- would make the relay's insert wait on it for good, the stream held for every tenant. The
+    -- two may both exist (the same message twice: the inbox applies it once). Tenants' roles
+    -- cannot set from_wal (their INSERT is granted column by column, 0012).
+    ALTER TABLE outbox ADD COLUMN from_wal boolean NOT NULL DEFAULT false;
+    DROP INDEX outbox_tenant_message;
+    CREATE UNIQUE INDEX outbox_tenant_message ON outbox ((coalesce(tenant_id, '')), message_id) WHERE NOT from_wal;
+    CREATE UNIQUE INDEX outbox_tenant_message_from_wal ON outbox ((coalesce(tenant_id, '')), message_id) WHERE from_wal;
 
     -- A WAL message whose key is parked, or whose lane another relay owns, is written into the
     -- outbox table by the relay (as the owner) to wait there, after its task may have been

@@ -100,10 +100,14 @@ export interface RelayStats {
     /** Lanes and keys whose streamed rows wait for the sweep (see relay/wal/walRouting.ts). */
     heldLanes: number;
     heldKeys: number;
-    /** Whether outbox messages written to the WAL only (migration 0019) are read: no role but the outbox's owner can write WAL messages. */
-    messagesTrusted: boolean;
+    /** Whether outbox messages written to the WAL only (migration 0019) are read: this relay's role reads the outbox's message secret. */
+    readsMessages: boolean;
+    /** WAL messages under the outbox's prefix without its secret: not published (a role calling pg_logical_emit_message itself). */
+    forgedMessages: number;
     /** WAL messages this relay wrote into the table to wait there (a key parked, a lane held or another relay's). */
     movedToTable: number;
+    /** Times the slot that read WAL messages was found lost (a promotion, an invalidation, a drop): messages not yet acknowledged then are lost. */
+    messagesMaybeLost: number;
   };
 }
 

@@ -13,7 +13,9 @@ import {
   checkName,
   DEFAULT_PUBLICATION,
   DEFAULT_SLOT,
+  forgetMessageReader,
   prepareWal,
+  registeredSlotLost,
   registerMessageReader,
 } from './walSetup.js';
 import { startWalStream, type WalStream } from './walStream.js';
@@ -76,7 +78,9 @@ export function createWalMode(o: {
   const routing = createWalRouting({ sweepEveryMs: o.options.sweepEveryMs ?? 1000 });
   let stream: WalStream | undefined;
   let schema = 'public';
-  let messagesTrusted = false;
+  let messageSecret: string | undefined;
+  let messagesMaybeLost = 0;
+  let forgedBefore = 0;
   let retryAt = 0;
   let streamed = 0;
   let movedToTable = 0;
@@ -87,8 +91,24 @@ export function createWalMode(o: {
     return new Set(rows.map((r) => streamKeyOf({ tenant_id: r.tenant, topic: r.topic, key: r.key })));
   }
 
-  /** Drops the slot and makes it again: it can no longer be streamed (nothing is lost, the lanes are held). */
+  /**
+   * The slot was a reader of WAL messages and is gone or unusable: what it held is lost to any
+   * new slot. Writers are refused from now on, until the new slot is made and registered.
+   */
+  async function slotLost(why: string): Promise<void> {
+    if (!(await registeredSlotLost(db, slot))) return;
+    await forgetMessageReader(db, slot);
+    messagesMaybeLost++;
+    log.error(
+      { slot, why },
+      'the replication slot that read outbox WAL messages is lost: messages committed and not yet acknowledged by the broker ' +
+        'cannot be read by a new slot (a promotion on Postgres 15/16, an invalidated or dropped slot); writers are refused until it is made again',
+    );
+  }
+
+  /** Drops the slot and makes it again: it can no longer be streamed (the table covers the gap for rows; not for WAL messages). */
   async function remakeSlot(why: string): Promise<void> {
+    await slotLost(why);
     log.warn(
       { slot, why },
       'the replication slot cannot be streamed; making it again (the table covers the gap)',
@@ -117,12 +137,15 @@ export function createWalMode(o: {
       const why = stream.broken;
       if (why instanceof ConfigurationError) throw why;
       await stream.stop();
+      forgedBefore += stream.forged;
       stream = undefined;
       if (why && unstreamable(why)) return remakeSlot(why.message);
     }
     if (performance.now() < retryAt) return;
     retryAt = performance.now() + 2000;
     try {
+      // (Again at each start: a promoted server has another timeline, writers wait for this.)
+      messageSecret = await registerMessageReader(db, slot, log);
       const { rows } = await sql<{ lsn: string | null }>`
         SELECT confirmed_flush_lsn::text AS lsn FROM pg_replication_slots WHERE slot_name = ${slot}`.execute(
         db,
@@ -134,7 +157,7 @@ export function createWalMode(o: {
         publication,
         schema,
         log,
-        messagesTrusted,
+        ...(messageSecret !== undefined && { messageSecret }),
         ...(rows[0]!.lsn ? { confirmedFlush: lsnOf(rows[0]!.lsn)! } : {}),
       });
       routing.holdAll(); // rows may have been left in the table meanwhile: read it first
@@ -260,8 +283,9 @@ export function createWalMode(o: {
 
   return {
     async prepare() {
+      await slotLost('found at start');
       schema = await prepareWal(db, { slot, publication });
-      messagesTrusted = await registerMessageReader(db, slot, log);
+      messageSecret = await registerMessageReader(db, slot, log);
     },
     async step() {
       await ensureStream();
@@ -291,8 +315,10 @@ export function createWalMode(o: {
         confirmedLsn: stream && stream.confirmed > 0n ? lsnText(stream.confirmed) : null,
         heldLanes: routing.held.lanes.size,
         heldKeys: routing.held.keys.size,
-        messagesTrusted,
+        readsMessages: messageSecret !== undefined,
+        forgedMessages: forgedBefore + (stream?.forged ?? 0),
         movedToTable,
+        messagesMaybeLost,
       };
     },
   };

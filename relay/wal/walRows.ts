@@ -102,6 +102,7 @@ export function outboxRowOf(insert: Pgoutput.MessageInsert): ClaimedRow {
 export const messagePrefix = (schema: string) => `cairn.outbox:${schema}`;
 
 interface MessageHeader {
+  a: string;
   m: string;
   t: string | null;
   i: string | null;
@@ -113,20 +114,29 @@ interface MessageHeader {
   c: number | null;
 }
 
+/** A WAL message under the outbox's prefix that its trigger did not write (a forgery, or garbage): never published. */
+export class NotOutboxMessage extends Error {}
+
 /**
  * An outbox message written to the WAL (migration 0019): a 4-byte length, the row's columns as
  * JSON, then the payload's bytes. `id` is the relay's own (negative: never a table row's).
- * Throws on content no Cairn trigger wrote (only roles trusted to emit can write it: the relay
- * checked, relay/wal/walSetup.ts).
+ * Throws NotOutboxMessage on content the outbox's trigger did not write: without the secret
+ * only the outbox's owner reads (any role may call pg_logical_emit_message), or malformed.
  */
-export function emittedRowOf(content: Uint8Array, xid: number, id: number): StreamRow {
+export function emittedRowOf(content: Uint8Array, xid: number, id: number, secret: string): StreamRow {
   const b = buf(content);
-  const n = b.readInt32BE(0);
-  if (n < 2 || 4 + n > b.length)
-    throw new Error(`an outbox message of ${b.length} bytes with a header of ${n}`);
-  const h = JSON.parse(b.toString('utf8', 4, 4 + n)) as MessageHeader;
+  const n = b.length >= 4 ? b.readInt32BE(0) : -1;
+  if (n < 2 || 4 + n > b.length) throw new NotOutboxMessage(`${b.length} bytes with a header of ${n}`);
+  let h: MessageHeader;
+  try {
+    h = JSON.parse(b.toString('utf8', 4, 4 + n)) as MessageHeader;
+  } catch {
+    throw new NotOutboxMessage('a header that is not JSON');
+  }
+  if (h === null || typeof h !== 'object' || h.a !== secret)
+    throw new NotOutboxMessage('not written by the outbox');
   if (typeof h.m !== 'string' || typeof h.p !== 'string' || typeof h.k !== 'string') {
-    throw new Error('an outbox message without its id, topic or key');
+    throw new NotOutboxMessage('no id, topic or key');
   }
   return {
     id,

@@ -121,39 +121,53 @@ export async function slotLag(
 }
 
 /**
- * Whether the outbox's WAL messages (migration 0019) can be trusted on this database: no role
- * but superusers and the outbox's owner (whose trigger writes them) may call
- * `pg_logical_emit_message`, which writes any message with any content, another tenant's
- * included. Trusted, the slot is registered as a reader (writing a message needs one, so none
- * is lost for want of a slot); not trusted, its registration is removed (writers are refused
- * instead of writing what the relay would refuse to read) and the warning names the fix.
+ * Reads the secret the outbox's trigger writes into each WAL message (migration 0019: known to
+ * the outbox's owner alone, so no role that may call `pg_logical_emit_message` forges a
+ * message), and registers the slot as their reader with the server's timeline: writing a
+ * message needs a registered reader, so none is written for want of a slot. A relay whose
+ * role cannot read the secret reads no messages: its slot is not registered (writers are
+ * refused instead of writing what it could not check), and the warning says why.
  */
-export async function registerMessageReader(db: Db, slot: string, log: Logger): Promise<boolean> {
-  const { rows } = await sql<{ rolname: string; owner: string }>`
-    SELECT r.rolname, o.rolname AS owner
-      FROM pg_roles r,
-           (SELECT a.rolname, a.oid FROM pg_roles a
-              JOIN pg_class c ON c.relowner = a.oid WHERE c.oid = 'outbox_wal'::regclass) o
-     WHERE NOT r.rolsuper AND r.rolname NOT LIKE 'pg\\_%'
-       AND NOT pg_has_role(r.oid, o.oid, 'MEMBER')
-       AND EXISTS (SELECT 1 FROM pg_proc p
-                    WHERE p.proname = 'pg_logical_emit_message' AND has_function_privilege(r.oid, p.oid, 'EXECUTE'))
-     ORDER BY 1`.execute(db);
-  if (rows.length === 0) {
-    await sql`INSERT INTO outbox_wal_reader (slot_name) VALUES (${slot}) ON CONFLICT DO NOTHING`.execute(db);
-    return true;
+export async function registerMessageReader(db: Db, slot: string, log: Logger): Promise<string | undefined> {
+  let secret: string | undefined;
+  try {
+    const { rows } = await sql<{ secret: string }>`SELECT secret FROM outbox_wal_secret`.execute(db);
+    secret = rows[0]?.secret;
+  } catch (err) {
+    if (!privilegeDenied(err)) throw err;
   }
+  if (secret === undefined) {
+    await forgetMessageReader(db, slot).catch(() => {});
+    log.warn(
+      { slot },
+      "outbox messages to the WAL are off: this relay's role cannot read outbox_wal_secret (run it as the outbox's owner)",
+    );
+    return undefined;
+  }
+  await sql`
+    INSERT INTO outbox_wal_reader (slot_name, timeline)
+    VALUES (${slot}, substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))
+    ON CONFLICT (slot_name) DO UPDATE SET timeline = EXCLUDED.timeline, registered_at = now()
+      WHERE outbox_wal_reader.timeline IS DISTINCT FROM EXCLUDED.timeline`.execute(db);
+  return secret;
+}
+
+/** Writing WAL messages is refused from now on (until a relay registers again). */
+export async function forgetMessageReader(db: Db, slot: string): Promise<void> {
   await sql`DELETE FROM outbox_wal_reader WHERE slot_name = ${slot}`.execute(db);
-  const owner = rows[0]!.owner;
-  log.warn(
-    {
-      slot,
-      roles: rows.slice(0, 10).map((r) => r.rolname),
-      fix:
-        'as a superuser: REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea), ' +
-        `pg_logical_emit_message(boolean, text, text) FROM PUBLIC; GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea) TO ${owner}`,
-    },
-    "outbox messages to the WAL are off: roles other than the outbox's owner can write WAL messages (and forge one)",
-  );
-  return false;
+}
+
+/**
+ * Whether WAL messages may have been lost: the slot was registered as a reader and is gone, or
+ * can no longer be streamed (a promotion on Postgres 15/16, where slots stay on the old primary;
+ * an invalidation by max_slot_wal_keep_size; a drop by hand). What it held, messages committed
+ * and not acknowledged, cannot be read by any new slot.
+ */
+export async function registeredSlotLost(db: Db, slot: string): Promise<boolean> {
+  const { rows } = await sql<{ usable: boolean }>`
+    SELECT EXISTS (SELECT 1 FROM pg_replication_slots s
+                    WHERE s.slot_name = w.slot_name AND s.database = current_database()
+                      AND s.wal_status IS DISTINCT FROM 'lost') AS usable
+      FROM outbox_wal_reader w WHERE w.slot_name = ${slot}`.execute(db);
+  return rows.length > 0 && !rows[0]!.usable;
 }

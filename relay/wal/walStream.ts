@@ -2,7 +2,15 @@ import type pg from 'pg';
 import { LogicalReplicationService, type Pgoutput, PgoutputPlugin } from 'pg-logical-replication';
 import { ConfigurationError, UnavailableError } from '../../src/errors.js';
 import type { Logger } from '../../src/logger.js';
-import { emittedRowOf, lsnOf, lsnText, messagePrefix, outboxRowOf, type StreamRow } from './walRows.js';
+import {
+  emittedRowOf,
+  lsnOf,
+  lsnText,
+  messagePrefix,
+  NotOutboxMessage,
+  outboxRowOf,
+  type StreamRow,
+} from './walRows.js';
 
 /**
  * The outbox's inserts as the WAL has them: a logical replication connection on the relay's
@@ -29,6 +37,8 @@ export interface WalStream {
   readonly broken: Error | undefined;
   /** The position the slot was last confirmed to by this stream. */
   readonly confirmed: bigint;
+  /** WAL messages under the outbox's prefix without its secret (not published). */
+  readonly forged: number;
   stop(): Promise<void>;
 }
 
@@ -94,11 +104,11 @@ export async function startWalStream(o: {
   /** The slot's confirmed position as the server has it: reported from the start, so the server never times the stream out before the first confirm. */
   confirmedFlush?: bigint;
   /**
-   * Whether no role but the outbox's owner and superusers can write WAL messages (walSetup.ts
-   * checks): else one of the outbox's messages may be a forgery, and the stream ends with a
-   * ConfigurationError at the first one (nothing confirmed past it).
+   * The secret the outbox's trigger writes into each WAL message (walSetup.ts reads it): a
+   * message without it is not published. Undefined (this relay's role cannot read it): the
+   * stream ends with a ConfigurationError at the first outbox message, confirming nothing past it.
    */
-  messagesTrusted?: boolean;
+  messageSecret?: string;
 }): Promise<WalStream> {
   const prefix = messagePrefix(o.schema);
   const service = new LogicalReplicationService(
@@ -114,6 +124,7 @@ export async function startWalStream(o: {
   let openEmitted = false;
   let overflowed = false;
   let emittedIds = 0;
+  let forged = 0;
   let readyBytes = 0;
   let lastCommitEnd = 0n;
   let keepalive = 0n;
@@ -158,23 +169,24 @@ export async function startWalStream(o: {
         break;
       case 'message':
         if (open && m.prefix === prefix) {
-          if (!o.messagesTrusted) {
+          if (o.messageSecret === undefined) {
             fail(
               new ConfigurationError(
-                'WAL relay: an outbox message arrived while roles other than the outbox owner can write WAL messages ' +
-                  '(pg_logical_emit_message): it may be forged; nothing past it is confirmed. Revoke that right (the relay ' +
-                  'names the statement at start) and start the relay again',
+                "WAL relay: an outbox message arrived and this relay's role cannot read outbox_wal_secret to check it; " +
+                  "nothing past it is confirmed: run the relay as the outbox's owner (or GRANT SELECT ON outbox_wal_secret to its role)",
               ),
             );
             return;
           }
           let row: StreamRow;
           try {
-            row = emittedRowOf(m.content, openXid, --emittedIds);
+            row = emittedRowOf(m.content, openXid, --emittedIds, o.messageSecret);
           } catch (err) {
+            if (!(err instanceof NotOutboxMessage)) throw err;
+            forged++;
             o.log.error(
-              { xid: openXid, err: (err as Error).message },
-              'an outbox message that does not decode: skipped',
+              { xid: openXid, why: err.message },
+              "a WAL message under the outbox's prefix that its trigger did not write: not published",
             );
             return;
           }
@@ -223,16 +235,9 @@ export async function startWalStream(o: {
    */
   function tooLarge(): void {
     if (!open) return;
-    if (!overflowed && !openEmitted) {
-      overflowed = true;
-      open = [];
-      return;
-    }
-    if (!overflowed) {
-      overflowed = true;
-      open = open.filter((r) => r.emitted);
-    }
-    toReady(open.splice(0, open.length - 1));
+    if (!overflowed && open.some((r) => !r.emitted)) overflowed = true; // its rows: from the table
+    if (overflowed) open = open.filter((r) => r.emitted);
+    if (openEmitted && open.length > 1) toReady(open.splice(0, open.length - 1));
     openBytes = open.reduce((n, r) => n + r.payload.length, 0);
   }
 
@@ -322,6 +327,9 @@ export async function startWalStream(o: {
     },
     get confirmed() {
       return confirmed;
+    },
+    get forged() {
+      return forged;
     },
     async stop() {
       clearInterval(timer);

@@ -9,7 +9,8 @@ import type { ClaimedRow } from '../sql/claimBatch.js';
  * past it: from then on the table keeps it, like any row, until it is published or skipped.
  *
  * A message written before (the stream read again from the slot after a restart) keeps its
- * row: the same message id and tenant is one row (the outbox's unique index). Its task is not
+ * row: the same message id and tenant is one moved row (`from_wal`, migration 0019: a tenant's
+ * own row with that id is another, and never waited on). Its task is not
  * checked again (it was when the message was written; it may be deleted since): the session
  * says so to migration 0019's task trigger, which believes it of the outbox's owner only.
  */
@@ -22,14 +23,18 @@ export async function writeToTable(db: Db, rows: readonly ClaimedRow[]): Promise
     (r) =>
       sql`(${r.lane}, ${r.message_id}::uuid, ${r.tenant_id}, ${r.task_id}, ${r.task_version}::bigint, ${r.task_seq}::int,
            ${r.topic}, ${r.key}, ${JSON.stringify(r.headers ?? {})}::jsonb, ${r.payload},
-           ${Number.isFinite(r.created_ms) ? new Date(r.created_ms).toISOString() : 'infinity'}::timestamptz)`,
+           ${Number.isFinite(r.created_ms) ? new Date(r.created_ms).toISOString() : 'infinity'}::timestamptz, true)`,
   );
   const ids = await db.transaction().execute(async (trx) => {
-    await sql`SELECT set_config('cairn.relay_moves_wal_messages', 'on', true)`.execute(trx);
+    // Nothing here waits on a tenant's transaction (from_wal rows are the relay's alone); the
+    // timeout bounds what else could hold the slot's reader: the step fails and reads it again.
+    await sql`SELECT set_config('cairn.relay_moves_wal_messages', 'on', true), set_config('lock_timeout', '5s', true)`.execute(
+      trx,
+    );
     const { rows: written } = await sql<{ id: string; message_id: string; tenant: string }>`
-      INSERT INTO outbox (lane, message_id, tenant_id, task_id, task_version, task_seq, topic, key, headers, payload, created_at)
+      INSERT INTO outbox (lane, message_id, tenant_id, task_id, task_version, task_seq, topic, key, headers, payload, created_at, from_wal)
       VALUES ${sql.join(values)}
-      ON CONFLICT ((coalesce(tenant_id, '')), message_id) DO UPDATE SET attempts = outbox.attempts
+      ON CONFLICT ((coalesce(tenant_id, '')), message_id) WHERE from_wal DO UPDATE SET attempts = outbox.attempts
       RETURNING id::text AS id, message_id::text AS message_id, coalesce(tenant_id, '') AS tenant`.execute(
       trx,
     );

@@ -40,6 +40,8 @@ export interface OutboxTable {
   created_at: Generated<Date>;
   attempts: Generated<number>;
   last_error: string | null;
+  /** A WAL message the relay moved into the table (migration 0019): the relay's row alone. */
+  from_wal: Generated<boolean>;
 }
 
 /**
@@ -62,6 +64,7 @@ export interface OutboxWalTable {
 /** The slots of WAL relays that read outbox messages (0019): writing one needs such a slot. */
 export interface OutboxWalReaderTable {
   slot_name: string;
+  timeline: string;
   registered_at: Generated<Date>;
 }
 

@@ -22,11 +22,13 @@ import { type ReadMessage, readTopic, waitFor } from '../support/topicReader.js'
 
 const kafka = kafkaClient(kafkaBrokers(), 'relay-chaos-test');
 const outbox = createOutbox();
+/** The outbox the case at hand writes with (rows, or messages written to the WAL only). */
+let writer = outbox;
 let pollDb: TestDatabase;
 // The WAL mode's run: a throw-away server with wal_level = logical (the one on 5432 has replica).
 let walServer: PgServer | undefined;
 let walRoot: string | undefined;
-let walDb: Db | undefined;
+const walDbs: Db[] = [];
 /** The database the test at hand writes to. */
 let tdb: { db: Db; url: string };
 
@@ -35,20 +37,23 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   await pollDb.drop();
-  await walDb?.destroy();
+  for (const d of walDbs) await d.destroy();
   await walServer?.stop();
   if (walRoot) rmSync(walRoot, { recursive: true, force: true });
 });
 
 async function logicalDatabase(): Promise<{ db: Db; url: string }> {
-  walRoot = mkdtempSync(join(tmpdir(), 'cairn-relay-chaos-'));
-  walServer = await startPrimary(walRoot, 'wal', { walLevel: 'logical' });
+  if (!walServer) {
+    walRoot = mkdtempSync(join(tmpdir(), 'cairn-relay-chaos-'));
+    walServer = await startPrimary(walRoot, 'wal', { walLevel: 'logical' });
+  }
   const name = `chaos_${randomBytes(3).toString('hex')}`;
   await walServer.query(`CREATE DATABASE ${name}`);
   const url = walServer.url(name);
-  walDb = createDb({ connectionString: url, max: 12 });
-  await migrateToLatest(walDb);
-  return { db: walDb, url };
+  const db = createDb({ connectionString: url, max: 12 });
+  walDbs.push(db);
+  await migrateToLatest(db);
+  return { db, url };
 }
 
 /** `writers` concurrent writers, each owning keys/writers keys, one message per transaction, seq rising per key. */
@@ -61,7 +66,7 @@ async function writeLoad(topic: string, writers: number, keys: number, perKey: n
         for (const key of mine) {
           const [id] = await tdb.db
             .transaction()
-            .execute((t) => outbox.enqueue(t, [{ topic, key, payload: { key, seq } }]));
+            .execute((t) => writer.enqueue(t, [{ topic, key, payload: { key, seq } }]));
           sent.set(id!, `${key}:${seq}`);
         }
       }
@@ -103,9 +108,8 @@ async function currentLsn(): Promise<string> {
 
 async function slotConfirmedPast(lsn: string): Promise<boolean | undefined> {
   const { rows } = await sql<{ past: boolean }>`
-    SELECT confirmed_flush_lsn >= ${lsn}::pg_lsn AS past FROM pg_replication_slots WHERE slot_name = 'cairn_relay'`.execute(
-    tdb.db,
-  );
+    SELECT confirmed_flush_lsn >= ${lsn}::pg_lsn AS past FROM pg_replication_slots
+     WHERE database = current_database() AND slot_name LIKE 'cairn_relay%'`.execute(tdb.db);
   return rows[0]?.past;
 }
 
@@ -121,10 +125,17 @@ describe('relay under crashes (real processes, real broker)', () => {
   it.each([
     ['polling', {}],
     ['WAL (one relay streams the slot, a killed one hands it over)', { CAIRN_RELAY_MODE: 'wal' }],
+    // Slots are named per server: this case's database has a slot of its own.
+    [
+      'WAL messages (no table row: the slot is their only copy until acked)',
+      { CAIRN_RELAY_MODE: 'wal', CAIRN_RELAY_WAL_SLOT: 'cairn_relay_messages' },
+    ],
   ] as const)(
     '%s: 3 relay processes, 8 writers on 200 keys, relays SIGKILLed again and again (also between publish and delete): nothing lost, per-key order kept, duplicates only with the same message_id',
     async (mode, modeEnv) => {
       tdb = mode === 'polling' ? pollDb : await logicalDatabase();
+      const messages = mode.startsWith('WAL messages');
+      writer = messages ? createOutbox({ walMessages: true }) : outbox;
       const topic = await createTestTopic('relay-chaos', 6);
       const env = (name: string, extra: Record<string, string> = {}) => ({
         ...modeEnv,
@@ -170,6 +181,18 @@ describe('relay under crashes (real processes, real broker)', () => {
           relays[slot] = start(slot);
         }
       })();
+      if (messages) {
+        // A message is refused until a relay registered its slot as a reader.
+        await waitFor(
+          'a relay to register the slot',
+          async () =>
+            (
+              await sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox_wal_reader w
+                JOIN pg_replication_slots s USING (slot_name)`.execute(tdb.db)
+            ).rows[0]!.n > 0,
+          60_000,
+        );
+      }
       const walBefore = await currentLsn();
       const sent = await writeLoad(topic, 8, 200, 15); // 3,000 messages
       writing = false;
@@ -207,6 +230,7 @@ describe('relay under crashes (real processes, real broker)', () => {
   it('broker stopped for 10 seconds and started again: the relay recovers by itself and delivers everything', async (ctx) => {
     if (!inject('kafkaLocal')) ctx.skip(); // only the broker this run started may be stopped
     tdb = pollDb;
+    writer = outbox;
     const topic = await createTestTopic('relay-broker-restart', 3);
     const relay = createRelay({
       db: tdb.db,

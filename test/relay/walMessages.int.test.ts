@@ -1,4 +1,6 @@
+import { randomUUID } from 'node:crypto';
 import { sql } from 'kysely';
+import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { createRelayWithTestHooks } from '../../relay/relay.js';
 import { slotLag } from '../../relay/wal/walSetup.js';
@@ -9,7 +11,7 @@ import { skipMessage } from '../../src/outbox/operator.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { createTestTopic, kafkaBrokers, uniqueTopic } from '../support/testDatabase.js';
 import { type ReadMessage, readTopic, waitFor } from '../support/topicReader.js';
-import { useLogicalServer, type WalDatabase } from '../support/walServer.js';
+import { useLogicalServer } from '../support/walServer.js';
 
 // Issue 16 item 3: outbox messages written to the WAL only (migration 0019). No table row: the
 // slot is the message's only copy until the broker acked it. What these tests hold it to:
@@ -22,12 +24,6 @@ const kafka = kafkaClient(kafkaBrokers(), 'wal-messages-test');
 const rowsOutbox = createOutbox();
 const walOutbox = createOutbox({ walMessages: true });
 const wal = useLogicalServer('walmsg');
-
-/** Takes the right to write WAL messages from every role but superusers (the owner here). */
-const trust = (d: WalDatabase) =>
-  sql`REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea), pg_logical_emit_message(boolean, text, text) FROM PUBLIC`.execute(
-    d.db,
-  );
 
 async function enqueue(db: Db, topic: string, keys: string[], n: number): Promise<void> {
   const seq = new Map<string, number>();
@@ -66,11 +62,10 @@ const streamingDrained = (d: { stats(): { wal?: { streaming: boolean; heldLanes:
 describe('issue 16: outbox messages written to the WAL only', () => {
   it('are published in order per key with the headers a row gets, leave no row, and the slot is confirmed past them', async () => {
     const d = await wal.database('order');
-    await trust(d);
     const topic = await createTestTopic('walmsg-order', 4);
     const relay = wal.start(wal.walRelay(d));
     await waitFor('the stream to start', async () => streamingDrained(relay), 30_000);
-    expect(relay.stats().wal?.messagesTrusted).toBe(true);
+    expect(relay.stats().wal?.readsMessages).toBe(true);
     const keys = Array.from({ length: 12 }, (_, i) => `k${i}`);
     await enqueue(d.db, topic, keys, 600);
     // One message each way, to compare what the consumer sees.
@@ -98,32 +93,85 @@ describe('issue 16: outbox messages written to the WAL only', () => {
     );
   }, 120_000);
 
-  it('are refused, not lost, while no relay can trust them: roles other than the owner can write WAL messages', async () => {
-    const d = await wal.database('untrusted');
-    const topic = await createTestTopic('walmsg-untrusted', 1);
-    const m = [{ topic, key: 'a', payload: Buffer.from('a:1') }];
-    // No relay has registered a slot yet.
-    await expect(d.db.transaction().execute((t) => walOutbox.enqueue(t, m))).rejects.toThrow(
+  it('are refused, not lost, while no relay reads them: before any relay registered its slot, and once the slot is gone (the relay says messages may be lost, and registers again)', async () => {
+    const d = await wal.database('noreader');
+    const topic = await createTestTopic('walmsg-noreader', 1);
+    const m = (v: string) => [{ topic, key: 'a', payload: Buffer.from(v) }];
+    await expect(d.db.transaction().execute((t) => walOutbox.enqueue(t, m('a:0')))).rejects.toThrow(
       /no registered replication slot/,
     );
-    const relay = wal.start(wal.walRelay(d));
-    await waitFor('the stream to start', async () => streamingDrained(relay), 30_000);
-    expect(relay.stats().wal?.messagesTrusted).toBe(false);
-    await expect(d.db.transaction().execute((t) => walOutbox.enqueue(t, m))).rejects.toThrow(
+    const first = wal.start(wal.walRelay(d));
+    await waitFor('the stream to start', async () => streamingDrained(first), 30_000);
+    await d.db.transaction().execute((t) => walOutbox.enqueue(t, m('a:1')));
+    await readTopic(kafka, topic, (ms) => ms.length >= 1, 30_000);
+    await first.stop();
+    // The slot is gone (dropped by hand, invalidated, or a promoted standby never had it).
+    await sql`SELECT pg_drop_replication_slot(${d.slot})`.execute(d.db);
+    await expect(d.db.transaction().execute((t) => walOutbox.enqueue(t, m('a:2')))).rejects.toThrow(
       /no registered replication slot/,
     );
-    await relay.stop();
-    await trust(d);
     const again = wal.start(wal.walRelay(d));
     await waitFor('the stream to start', async () => streamingDrained(again), 30_000);
-    await d.db.transaction().execute((t) => walOutbox.enqueue(t, m));
-    const got = await readTopic(kafka, topic, (ms) => ms.length >= 1, 30_000);
-    expect(got.map((x) => x.value)).toEqual(['a:1']);
+    expect(again.stats().wal?.messagesMaybeLost).toBe(1);
+    await d.db.transaction().execute((t) => walOutbox.enqueue(t, m('a:3')));
+    const got = await readTopic(kafka, topic, (ms) => ms.some((x) => x.value === 'a:3'), 30_000);
+    expect(got.map((x) => x.value)).toEqual(['a:1', 'a:3']);
   }, 120_000);
 
-  it("a tenant's role writes only as itself, and cannot write a WAL message of its own making", async () => {
+  it('a message written while the slot is being made again (it waits for a running transaction) is refused, not lost', async () => {
+    const d = await wal.database('remake');
+    const topic = await createTestTopic('walmsg-remake', 1);
+    const first = wal.start(wal.walRelay(d));
+    await waitFor('the stream to start', async () => streamingDrained(first), 30_000);
+    await first.stop();
+    await sql`SELECT pg_drop_replication_slot(${d.slot})`.execute(d.db);
+    // Any session with an xid open (a tenant's idle transaction, a long batch job) holds up the new slot.
+    const long = new pg.Client({ connectionString: d.url });
+    await long.connect();
+    await long.query('BEGIN');
+    await long.query('SELECT txid_current()');
+    try {
+      const again = wal.start(wal.walRelay(d));
+      const listed = sql<{
+        n: number;
+      }>`SELECT count(*)::int AS n FROM pg_replication_slots WHERE slot_name = ${d.slot}`;
+      await waitFor(
+        'the slot listed while it is made',
+        async () => (await listed.execute(d.db)).rows[0]!.n === 1,
+        20_000,
+      );
+      const w = (v: string) => [{ topic, key: 'k', payload: Buffer.from(v) }];
+      await expect(d.db.transaction().execute((t) => walOutbox.enqueue(t, w('w:1')))).rejects.toThrow(
+        /no registered replication slot/,
+      );
+      await long.query('COMMIT');
+      await waitFor('the stream to start', async () => streamingDrained(again), 30_000);
+      await d.db.transaction().execute((t) => walOutbox.enqueue(t, w('w:2')));
+      const got = await readTopic(kafka, topic, (xs) => xs.some((x) => x.value === 'w:2'), 30_000);
+      expect(got.map((x) => x.value)).toEqual(['w:2']);
+    } finally {
+      await long.end().catch(() => {});
+    }
+  }, 90_000);
+
+  it('a message the outbox table would refuse (a NULL key, NULL headers) is refused at write, not dropped by the relay', async () => {
+    const d = await wal.database('nulls');
+    const topic = await createTestTopic('walmsg-nulls', 1);
+    const relay = wal.start(wal.walRelay(d));
+    await waitFor('the stream to start', async () => streamingDrained(relay), 30_000);
+    for (const [key, headers] of [
+      [null, '{}'],
+      ['k', null],
+    ] as const) {
+      await expect(
+        sql`INSERT INTO outbox_wal (message_id, topic, key, headers, payload)
+            VALUES (gen_random_uuid(), ${topic}, ${key}, ${headers}::jsonb, '\\x01'::bytea)`.execute(d.db),
+      ).rejects.toThrow(/may not be null/);
+    }
+  }, 60_000);
+
+  it("a tenant's role writes only as itself; a WAL message of its own making (pg_logical_emit_message) is not published", async () => {
     const d = await wal.database('tenant');
-    await trust(d);
     const topic = await createTestTopic('walmsg-tenant', 1);
     for (const t of ['tenant-a', 'tenant-b']) await registerTenant(d.db, t);
     const u = new URL(d.url);
@@ -136,15 +184,19 @@ describe('issue 16: outbox messages written to the WAL only', () => {
       // Through its own SQL, claiming to be tenant-b.
       await sql`INSERT INTO outbox_wal (message_id, tenant_id, topic, key, payload)
                 VALUES (gen_random_uuid(), 'tenant-b', ${topic}, 'k', '\\x6b3a31'::bytea)`.execute(asA);
-      const forged = Buffer.concat([
-        Buffer.alloc(4),
-        Buffer.from('{"m":"x","t":"tenant-b","p":"t","k":"k","h":{}}'),
-      ]);
-      forged.writeInt32BE(forged.length - 4, 0);
-      const prefix = `cairn.outbox:${(await sql<{ s: string }>`SELECT current_schema() AS s`.execute(d.db)).rows[0]!.s}`;
-      await expect(
-        sql`SELECT pg_logical_emit_message(true, ${prefix}, ${forged}::bytea)`.execute(asA),
-      ).rejects.toThrow(/permission denied/);
+      // Any role may call pg_logical_emit_message (PUBLIC may, by default): a message written
+      // that way, as tenant-b, lacks the secret only the outbox's owner reads; it is not published.
+      const header = Buffer.from(
+        JSON.stringify({ a: 'a guess', m: randomUUID(), t: 'tenant-b', p: topic, k: 'k', h: {} }),
+      );
+      const forged = Buffer.concat([Buffer.alloc(4), header, Buffer.from('forged')]);
+      forged.writeInt32BE(header.length, 0);
+      const prefix = `cairn.outbox:${await wal.outboxSchema(d.db)}`;
+      await sql`SELECT pg_logical_emit_message(true, ${prefix}, ${forged}::bytea)`.execute(asA);
+      await expect(sql`SELECT secret FROM outbox_wal_secret`.execute(asA)).rejects.toThrow(
+        /permission denied/,
+      );
+      await waitFor('the forgery seen', async () => relay.stats().wal?.forgedMessages === 1, 20_000);
       // The application role acting for no tenant is refused, as row-level security refuses its rows.
       await expect(
         sql`INSERT INTO outbox_wal (message_id, topic, key, payload) VALUES (gen_random_uuid(), ${topic}, 'k', '\\x00'::bytea)`.execute(
@@ -159,9 +211,56 @@ describe('issue 16: outbox messages written to the WAL only', () => {
     }
   }, 120_000);
 
+  it("a tenant's open transaction holding a message id (an outbox row of its own) does not hold the relay when a WAL message with that id must wait in the table", async () => {
+    const d = await wal.database('lock');
+    const topic = uniqueTopic('walmsg-lock');
+    const admin = kafka.admin();
+    await admin.connect();
+    await admin.createTopics({
+      topics: [{ topic, numPartitions: 1, configEntries: [{ name: 'max.message.bytes', value: '1024' }] }],
+      waitForLeaders: true,
+    });
+    await admin.disconnect();
+    const roles: Record<string, string> = {};
+    for (const t of ['tenant-a', 'tenant-b']) roles[t] = await registerTenant(d.db, t);
+    const u = new URL(d.url);
+    u.username = 'cairn_app';
+    const app = createDb({ connectionString: u.toString(), max: 2 });
+    const [asA, asB] = [forTenant(app, 'tenant-a'), forTenant(app, 'tenant-b')];
+    u.username = roles['tenant-a']!;
+    const holder = new pg.Client({
+      connectionString: u.toString(),
+      options: `-c search_path=${await wal.outboxSchema(d.db)}`,
+    });
+    await holder.connect();
+    try {
+      const relay = wal.start(wal.walRelay(d));
+      await waitFor('the stream to start', async () => streamingDrained(relay), 30_000);
+      const id = randomUUID();
+      await holder.query('BEGIN');
+      await holder.query(
+        `INSERT INTO outbox (lane, message_id, topic, key, payload) VALUES (0, $1, $2, 'x', '\\x00'::bytea)`,
+        [id, topic],
+      );
+      // The same id as a WAL message the broker refuses (too large for the topic): the relay
+      // parks its key and moves it into the table.
+      await sql`INSERT INTO outbox_wal (message_id, topic, key, payload)
+                VALUES (${id}::uuid, ${topic}, 'a-key', ${Buffer.alloc(4000, 1)}::bytea)`.execute(asA);
+      await waitFor('the key parked', async () => relay.stats().parked === 1, 20_000);
+      await asB
+        .transaction()
+        .execute((t) => walOutbox.enqueue(t, [{ topic, key: 'b-key', payload: Buffer.from('b:1') }]));
+      const got = await readTopic(kafka, topic, (xs) => xs.some((x) => x.value === 'b:1'), 30_000);
+      expect(got.map((x) => x.value)).toContain('b:1');
+    } finally {
+      await holder.query('ROLLBACK').catch(() => {});
+      await holder.end();
+      await app.destroy();
+    }
+  }, 120_000);
+
   it("a key the broker refuses is parked: the message and its key's later ones wait in the table, other keys flow; after the skip they follow in order", async () => {
     const d = await wal.database('poison');
-    await trust(d);
     const topic = uniqueTopic('walmsg-poison');
     const admin = kafka.admin();
     await admin.connect();
@@ -202,7 +301,6 @@ describe('issue 16: outbox messages written to the WAL only', () => {
 
   it('a step that fails after taking messages (the broker or Postgres gone mid-batch) reads them again from the slot: none is lost, order holds', async () => {
     const d = await wal.database('fail');
-    await trust(d);
     const topic = await createTestTopic('walmsg-fail', 2);
     let failures = 0;
     const relay = wal.start(

@@ -72,6 +72,25 @@ describe('WAL routing (relay/wal/walRouting.ts)', () => {
     expect(r.tableXids().sort()).toEqual([1001, 1002]);
   });
 
+  it("a WAL message (no table row) that must wait goes to the table: its lane held or another relay's, its key held; otherwise it is published at once", () => {
+    const msg = (id: number, key = 'k', lane = 1): StreamRow => ({ ...row(id, key, lane), emitted: true });
+    const r = createWalRouting({ sweepEveryMs: 1000 });
+    r.lanesOwned(new Map([[1, 7]]));
+    r.holdAll();
+    // Held lane: the message goes to the table (the sweep publishes it); no transaction to wait for.
+    expect(r.route([msg(-1), row(5)])).toEqual({ now: [], toTable: [msg(-1)] });
+    expect(r.tableXids()).toEqual([1005]);
+    r.swept({ lanes: [1] }, { full: false, parkedBefore: new Set(), now: 0 });
+    // Another relay's lane: to the table for its owner (a table row there is its owner's already).
+    expect(r.route([msg(-2, 'x', 2), row(6, 'x', 2)])).toEqual({ now: [], toTable: [msg(-2, 'x', 2)] });
+    // A held key waits behind its rows in the table; other keys go at once, in order.
+    r.parked([key('p')]);
+    expect(r.route([msg(-3, 'p'), msg(-4, 'q'), msg(-5, 'p')])).toEqual({
+      now: [msg(-4, 'q')],
+      toTable: [msg(-3, 'p'), msg(-5, 'p')],
+    });
+  });
+
   it('a parked key is held through sweeps until released; its rows follow in order; other keys flow', () => {
     const r = streaming();
     const table = new Map<number, StreamRow>();
