@@ -114,42 +114,24 @@ export function createOutbox(input: OutboxOptions = {}): Outbox {
     },
     async insert(trx, rows) {
       if (rows.length === 0) return [];
-      if (options.walMessages) {
+      const columns = (r: OutboxRow) => ({
+        message_id: r.message_id,
+        tenant_id: r.tenant_id,
+        task_id: r.task_id,
+        task_version: r.task_version,
+        task_seq: r.task_seq,
+        topic: r.topic,
+        key: r.key,
+        headers: JSON.stringify(r.headers),
+        payload: r.payload,
+      });
+      if (options.walMessages) await trx.insertInto('outbox_wal').values(rows.map(columns)).execute();
+      else {
         await trx
-          .insertInto('outbox_wal')
-          .values(
-            rows.map((r) => ({
-              message_id: r.message_id,
-              tenant_id: r.tenant_id,
-              task_id: r.task_id,
-              task_version: r.task_version,
-              task_seq: r.task_seq,
-              topic: r.topic,
-              key: r.key,
-              headers: JSON.stringify(r.headers),
-              payload: r.payload,
-            })),
-          )
+          .insertInto('outbox')
+          .values(rows.map((r) => ({ lane: laneOf(r.key), ...columns(r) })))
           .execute();
-        return rows.map((r) => r.message_id);
       }
-      await trx
-        .insertInto('outbox')
-        .values(
-          rows.map((r) => ({
-            lane: laneOf(r.key),
-            message_id: r.message_id,
-            tenant_id: r.tenant_id,
-            task_id: r.task_id,
-            task_version: r.task_version,
-            task_seq: r.task_seq,
-            topic: r.topic,
-            key: r.key,
-            headers: JSON.stringify(r.headers),
-            payload: r.payload,
-          })),
-        )
-        .execute();
       if (options.notify) await sql`SELECT pg_notify(${OUTBOX_CHANNEL}, '')`.execute(trx);
       return rows.map((r) => r.message_id);
     },

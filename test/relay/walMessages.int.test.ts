@@ -9,7 +9,7 @@ import { forTenant, registerTenant } from '../../src/db/tenant.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { skipMessage } from '../../src/outbox/operator.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
-import { createTestTopic, kafkaBrokers, uniqueTopic } from '../support/testDatabase.js';
+import { createTestTopic, kafkaBrokers } from '../support/testDatabase.js';
 import { type ReadMessage, readTopic, waitFor } from '../support/topicReader.js';
 import { useLogicalServer } from '../support/walServer.js';
 
@@ -213,14 +213,7 @@ describe('issue 16: outbox messages written to the WAL only', () => {
 
   it("a tenant's open transaction holding a message id (an outbox row of its own) does not hold the relay when a WAL message with that id must wait in the table", async () => {
     const d = await wal.database('lock');
-    const topic = uniqueTopic('walmsg-lock');
-    const admin = kafka.admin();
-    await admin.connect();
-    await admin.createTopics({
-      topics: [{ topic, numPartitions: 1, configEntries: [{ name: 'max.message.bytes', value: '1024' }] }],
-      waitForLeaders: true,
-    });
-    await admin.disconnect();
+    const topic = await createTestTopic('walmsg-lock', 1, { 'max.message.bytes': '1024' });
     const roles: Record<string, string> = {};
     for (const t of ['tenant-a', 'tenant-b']) roles[t] = await registerTenant(d.db, t);
     const u = new URL(d.url);
@@ -261,14 +254,7 @@ describe('issue 16: outbox messages written to the WAL only', () => {
 
   it("a key the broker refuses is parked: the message and its key's later ones wait in the table, other keys flow; after the skip they follow in order", async () => {
     const d = await wal.database('poison');
-    const topic = uniqueTopic('walmsg-poison');
-    const admin = kafka.admin();
-    await admin.connect();
-    await admin.createTopics({
-      topics: [{ topic, numPartitions: 1, configEntries: [{ name: 'max.message.bytes', value: '1024' }] }],
-      waitForLeaders: true,
-    });
-    await admin.disconnect();
+    const topic = await createTestTopic('walmsg-poison', 1, { 'max.message.bytes': '1024' });
     const relay = wal.start(wal.walRelay(d));
     await waitFor('the stream to start', async () => streamingDrained(relay), 30_000);
     const m = (key: string, s: number, bytes = 0) => ({

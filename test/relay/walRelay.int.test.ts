@@ -10,7 +10,7 @@ import { ConfigurationError } from '../../src/errors.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { skipMessage } from '../../src/outbox/operator.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
-import { createTestDatabase, createTestTopic, kafkaBrokers, uniqueTopic } from '../support/testDatabase.js';
+import { createTestDatabase, createTestTopic, kafkaBrokers } from '../support/testDatabase.js';
 import { type ReadMessage, readTopic, waitFor } from '../support/topicReader.js';
 import { useLogicalServer, type WalDatabase } from '../support/walServer.js';
 
@@ -140,14 +140,7 @@ describe('issue 16: the relay in WAL mode', () => {
     'a key the broker refuses is parked (rows written %s); the stream holds its later rows; after the skip they follow in order, other keys never wait',
     async (_when, streamFirst) => {
       const d = await walDatabase('poison');
-      const topic = uniqueTopic('wal-poison');
-      const admin = kafka.admin();
-      await admin.connect();
-      await admin.createTopics({
-        topics: [{ topic, numPartitions: 1, configEntries: [{ name: 'max.message.bytes', value: '1024' }] }],
-        waitForLeaders: true,
-      });
-      await admin.disconnect();
+      const topic = await createTestTopic('wal-poison', 1, { 'max.message.bytes': '1024' });
       const relay = walRelay(d);
       const streaming = () => relay.stats().wal?.streaming === true && relay.stats().wal?.heldLanes === 0;
       if (streamFirst) {

@@ -70,12 +70,17 @@ export function kafkaBrokers(): string[] {
 }
 
 /** Creates a topic of its own for a test (unique name) and waits for its leaders. */
-export async function createTestTopic(label: string, partitions: number): Promise<string> {
+export async function createTestTopic(
+  label: string,
+  partitions: number,
+  config: Record<string, string> = {},
+): Promise<string> {
   const topic = uniqueTopic(label);
   const admin = kafkaClient(kafkaBrokers(), 'cairn-test-admin').admin();
   await admin.connect();
   try {
-    await createTopicsAndWait(admin, [{ topic, numPartitions: partitions }]);
+    const configEntries = Object.entries(config).map(([name, value]) => ({ name, value }));
+    await createTopicsAndWait(admin, [{ topic, numPartitions: partitions, configEntries }]);
   } finally {
     await admin.disconnect();
   }
