@@ -26,8 +26,13 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       -- The server's timeline when the relay registered (the first 8 digits of a WAL file's
       -- name): a standby promoted since has another, and no slot of the old primary's.
       timeline text NOT NULL,
-      registered_at timestamptz NOT NULL DEFAULT now()
+      registered_at timestamptz NOT NULL DEFAULT now(),
+      -- The last WAL message a relay moved into the table (relay/wal/walToTable.ts): the slot
+      -- may deliver it again after a crash (its position is saved at checkpoints), and what
+      -- an operator skipped since must not come back.
+      moved_lsn pg_lsn
     );
+    CREATE INDEX outbox_operator_audit_skipped ON outbox_operator_audit (message_id) WHERE action = 'skip';
     -- Known to the outbox's owner alone (its trigger writes it into each message, the relay
     -- checks it): a role that may call pg_logical_emit_message itself (PUBLIC may, by default)
     -- cannot write a message the relay takes for the outbox's.
@@ -107,6 +112,12 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       END IF;
       IF NOT (NEW.topic ~ '^[A-Za-z0-9._-]{1,249}$' AND NEW.topic NOT IN ('.', '..')) THEN
         RAISE EXCEPTION 'outbox message %: topic is not a Kafka topic name', NEW.message_id USING ERRCODE = '23514';
+      END IF;
+      -- A task version past what a JavaScript number holds would not survive the relay's
+      -- reading (and a message moved into the table with it could never be written).
+      IF NEW.task_version NOT BETWEEN 0 AND 9007199254740991 OR NEW.task_seq < 0 THEN
+        RAISE EXCEPTION 'outbox message %: task_version % or task_seq % out of range', NEW.message_id, NEW.task_version, NEW.task_seq
+          USING ERRCODE = '22003';
       END IF;
       IF octet_length(NEW.key) > 2048 OR octet_length(NEW.payload) > 67108864 THEN
         RAISE EXCEPTION 'outbox message %: key over 2 KiB or payload over 64 MiB', NEW.message_id USING ERRCODE = '23514';

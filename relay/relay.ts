@@ -341,7 +341,9 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
           // Never sleep past a lane renewal: the leases would expire under a sleeping relay.
           idle = n > 0 ? 1 : Math.min(maxIdleMs, renewEveryMs, idle * 2);
           stats.idleMs = idle;
-          await ((n === 0 && walMode?.wait(idle)) || sleep(n > 0 ? 0 : idle));
+          // Streaming, the next rows wake the relay as they arrive (at once when some are
+          // buffered): a sleep(0) after each batch was a timer's millisecond more per message.
+          await (walMode?.wait(idle) || sleep(n > 0 ? 0 : idle));
         } catch (err) {
           if (walMode && err instanceof ConfigurationError) throw err; // the WAL mode as configured cannot work
           prefetch = undefined;

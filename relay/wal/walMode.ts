@@ -81,6 +81,8 @@ export function createWalMode(o: {
   let messageSecret: string | undefined;
   let messagesMaybeLost = 0;
   let forgedBefore = 0;
+  /** After a stream start: WAL messages up to here may have been moved before (walToTable.ts). */
+  let redeliverUpTo = 0n;
   let retryAt = 0;
   let streamed = 0;
   let movedToTable = 0;
@@ -95,8 +97,10 @@ export function createWalMode(o: {
    * The slot was a reader of WAL messages and is gone or unusable: what it held is lost to any
    * new slot. Writers are refused from now on, until the new slot is made and registered.
    */
-  async function slotLost(why: string): Promise<void> {
-    if (!(await registeredSlotLost(db, slot))) return;
+  async function slotLost(why: string, o: { dropping?: boolean } = {}): Promise<void> {
+    // About to be dropped (it can no longer be streamed: a publication dropped and made again),
+    // a registered slot loses what it holds as surely as one found gone.
+    if (!(await registeredSlotLost(db, slot, o))) return;
     await forgetMessageReader(db, slot);
     messagesMaybeLost++;
     log.error(
@@ -108,7 +112,7 @@ export function createWalMode(o: {
 
   /** Drops the slot and makes it again: it can no longer be streamed (the table covers the gap for rows; not for WAL messages). */
   async function remakeSlot(why: string): Promise<void> {
-    await slotLost(why);
+    await slotLost(why, { dropping: true });
     log.warn(
       { slot, why },
       'the replication slot cannot be streamed; making it again (the table covers the gap)',
@@ -161,6 +165,10 @@ export function createWalMode(o: {
         ...(rows[0]!.lsn ? { confirmedFlush: lsnOf(rows[0]!.lsn)! } : {}),
       });
       routing.holdAll(); // rows may have been left in the table meanwhile: read it first
+      const moved = await sql<{
+        lsn: string | null;
+      }>`SELECT max(moved_lsn)::text AS lsn FROM outbox_wal_reader`.execute(db);
+      redeliverUpTo = lsnOf(moved.rows[0]?.lsn) ?? 0n;
       log.info({ slot }, 'streaming the outbox from the WAL');
     } catch (err) {
       const e = err as { code?: string; message: string };
@@ -243,6 +251,25 @@ export function createWalMode(o: {
     }
   }
 
+  /**
+   * The slot delivers again what it delivered before a crash (its position is saved at
+   * checkpoints). WAL messages up to the last one moved into the table may have been moved,
+   * and skipped since by an operator: their keys wait for the table (writeToTable drops what
+   * was skipped), so nothing skipped comes back and a key's order holds.
+   */
+  function holdRedelivered(rows: readonly StreamRow[]): void {
+    const keys: string[] = [];
+    for (const r of rows) {
+      if (!r.emitted) continue;
+      if ((lsnOf(r.walLsn) ?? 0n) > redeliverUpTo) {
+        redeliverUpTo = 0n; // past it: what follows is new
+        break;
+      }
+      keys.push(streamKeyOf(r));
+    }
+    if (keys.length > 0) routing.parked(keys);
+  }
+
   async function streamed_(s: WalStream, rows: StreamRow[]): Promise<{ n: number; full: boolean }> {
     if (rows.length === 0) {
       await o.deletes.finish();
@@ -263,6 +290,7 @@ export function createWalMode(o: {
     // A row this relay is deleting (sent by its sweep a moment ago) is still in the table until
     // the delete commits: it must not go a second time.
     const deleting = new Set(o.deletes.inFlight.map((r) => r.id));
+    if (redeliverUpTo > 0n) holdRedelivered(rows);
     const { now, toTable } = routing.route(rows);
     if (toTable.length > 0) {
       await writeToTable(db, toTable);

@@ -16,6 +16,8 @@ export interface StreamRow extends ClaimedRow {
    * table, and the relay reads them from there (it holds every lane).
    */
   overflow?: true;
+  /** A WAL message's own position in the WAL (as the server spells it): where a slot delivering it again starts. */
+  walLsn?: string;
 }
 
 /** Postgres' epoch (2000-01-01) in Unix milliseconds: timestamptz is microseconds since it. */
@@ -123,7 +125,13 @@ export class NotOutboxMessage extends Error {}
  * Throws NotOutboxMessage on content the outbox's trigger did not write: without the secret
  * only the outbox's owner reads (any role may call pg_logical_emit_message), or malformed.
  */
-export function emittedRowOf(content: Uint8Array, xid: number, id: number, secret: string): StreamRow {
+export function emittedRowOf(
+  content: Uint8Array,
+  xid: number,
+  id: number,
+  secret: string,
+  walLsn: string,
+): StreamRow {
   const b = buf(content);
   const n = b.length >= 4 ? b.readInt32BE(0) : -1;
   if (n < 2 || 4 + n > b.length) throw new NotOutboxMessage(`${b.length} bytes with a header of ${n}`);
@@ -154,5 +162,6 @@ export function emittedRowOf(content: Uint8Array, xid: number, id: number, secre
     created_ms: h.c ?? Number.POSITIVE_INFINITY,
     xid,
     emitted: true,
+    walLsn,
   };
 }

@@ -163,11 +163,15 @@ export async function forgetMessageReader(db: Db, slot: string): Promise<void> {
  * an invalidation by max_slot_wal_keep_size; a drop by hand). What it held, messages committed
  * and not acknowledged, cannot be read by any new slot.
  */
-export async function registeredSlotLost(db: Db, slot: string): Promise<boolean> {
+export async function registeredSlotLost(
+  db: Db,
+  slot: string,
+  o: { dropping?: boolean } = {},
+): Promise<boolean> {
   const { rows } = await sql<{ usable: boolean }>`
     SELECT EXISTS (SELECT 1 FROM pg_replication_slots s
                     WHERE s.slot_name = w.slot_name AND s.database = current_database()
                       AND s.wal_status IS DISTINCT FROM 'lost') AS usable
       FROM outbox_wal_reader w WHERE w.slot_name = ${slot}`.execute(db);
-  return rows.length > 0 && !rows[0]!.usable;
+  return rows.length > 0 && (o.dropping === true || !rows[0]!.usable);
 }

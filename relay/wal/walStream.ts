@@ -180,7 +180,7 @@ export async function startWalStream(o: {
           }
           let row: StreamRow;
           try {
-            row = emittedRowOf(m.content, openXid, --emittedIds, o.messageSecret);
+            row = emittedRowOf(m.content, openXid, --emittedIds, o.messageSecret, m.messageLsn ?? '');
           } catch (err) {
             if (!(err instanceof NotOutboxMessage)) throw err;
             forged++;

@@ -1,6 +1,7 @@
 import { sql } from 'kysely';
 import type { Db } from '../../src/db/database.js';
 import type { ClaimedRow } from '../sql/claimBatch.js';
+import { lsnOf, lsnText, type StreamRow } from './walRows.js';
 
 /**
  * Writes WAL messages (rows of no table, `emitted`) into the outbox table, in the order given,
@@ -15,7 +16,7 @@ import type { ClaimedRow } from '../sql/claimBatch.js';
  * says so to migration 0019's task trigger, which believes it of the outbox's owner only.
  */
 export async function writeToTable(db: Db, rows: readonly ClaimedRow[]): Promise<void> {
-  const messages = rows.filter((r) => r.emitted);
+  const messages = rows.filter((r): r is StreamRow => r.emitted === true);
   if (messages.length === 0) return;
   const seen = new Map<string, ClaimedRow>();
   for (const r of messages) seen.set(`${r.tenant_id ?? ''}\u0000${r.message_id}`, r);
@@ -25,6 +26,10 @@ export async function writeToTable(db: Db, rows: readonly ClaimedRow[]): Promise
            ${r.topic}, ${r.key}, ${JSON.stringify(r.headers ?? {})}::jsonb, ${r.payload},
            ${Number.isFinite(r.created_ms) ? new Date(r.created_ms).toISOString() : 'infinity'}::timestamptz, true)`,
   );
+  const lastLsn = messages.reduce<bigint>((m, r) => {
+    const l = lsnOf(r.walLsn) ?? 0n;
+    return l > m ? l : m;
+  }, 0n);
   const ids = await db.transaction().execute(async (trx) => {
     // Nothing here waits on a tenant's transaction (from_wal rows are the relay's alone); the
     // timeout bounds what else could hold the slot's reader: the step fails and reads it again.
@@ -38,6 +43,20 @@ export async function writeToTable(db: Db, rows: readonly ClaimedRow[]): Promise
       RETURNING id::text AS id, message_id::text AS message_id, coalesce(tenant_id, '') AS tenant`.execute(
       trx,
     );
+    // Read again from the slot (its position is saved at checkpoints: a crash goes back): what
+    // an operator skipped since it was first moved stays skipped. Its row goes again at once;
+    // a park at it then parks nothing (relay/sql/parkKey.ts), the sweep finds nothing to send.
+    await sql`
+      DELETE FROM outbox o USING outbox_operator_audit a
+       WHERE o.id = ANY(${written.map((w) => w.id)}::bigint[]) AND o.from_wal
+         AND a.action = 'skip' AND a.message_id = o.message_id AND coalesce(a.tenant, '') = coalesce(o.tenant_id, '')`.execute(
+      trx,
+    );
+    if (lastLsn > 0n) {
+      await sql`UPDATE outbox_wal_reader SET moved_lsn = greatest(moved_lsn, ${lsnText(lastLsn)}::pg_lsn)`.execute(
+        trx,
+      );
+    }
     return new Map(written.map((w) => [`${w.tenant}\u0000${w.message_id}`, Number(w.id)]));
   });
   for (const r of messages) {
