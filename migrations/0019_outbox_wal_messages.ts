@@ -83,7 +83,7 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       SET search_path = pg_catalog, ${S}, pg_temp AS $fn$
     DECLARE
       writer text := ${S}.cairn_current_tenant();
-      token text;
+      token bytea;
       header bytea;
       emitted pg_lsn;
     BEGIN
@@ -131,15 +131,15 @@ export async function up(db: Kysely<unknown>): Promise<void> {
             USING ERRCODE = '23514';
         END IF;
       END IF;
-      SELECT w.secret INTO token FROM ${S}.outbox_wal_secret w;
+      SELECT decode(w.secret, 'hex') INTO token FROM ${S}.outbox_wal_secret w;
       header := convert_to(json_build_object(
-        'a', token, 'm', NEW.message_id, 't', NEW.tenant_id, 'i', NEW.task_id, 'v', NEW.task_version, 's', NEW.task_seq,
+        'm', NEW.message_id, 't', NEW.tenant_id, 'i', NEW.task_id, 'v', NEW.task_version, 's', NEW.task_seq,
         'p', NEW.topic, 'k', NEW.key, 'h', NEW.headers,
         'c', CASE WHEN isfinite(NEW.created_at) THEN floor(extract(epoch FROM NEW.created_at) * 1000) END
       )::text, 'UTF8');
       -- An assignment, not PERFORM: a plain function call skips the executor.
       emitted := pg_logical_emit_message(true, ${sql.lit(`cairn.outbox:${await schemaName(db)}`)},
-        int4send(octet_length(header)) || header || NEW.payload);
+        int4send(octet_length(header)) || token || header || NEW.payload);
       RETURN NULL;
     END
     $fn$;

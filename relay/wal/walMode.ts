@@ -78,7 +78,7 @@ export function createWalMode(o: {
   const routing = createWalRouting({ sweepEveryMs: o.options.sweepEveryMs ?? 1000 });
   let stream: WalStream | undefined;
   let schema = 'public';
-  let messageSecret: string | undefined;
+  let messageSecret: Buffer | undefined;
   let messagesMaybeLost = 0;
   let forgedBefore = 0;
   /** After a stream start: WAL messages up to here may have been moved before (walToTable.ts). */
@@ -240,7 +240,7 @@ export function createWalMode(o: {
   async function fromStream(s: WalStream): Promise<{ n: number; full: boolean }> {
     const rows = s.take(o.batchSize, o.maxBatchBytes);
     try {
-      return await streamed_(s, rows);
+      return await fromTaken(s, rows);
     } catch (err) {
       if (rows.some((r) => r.emitted)) {
         log.warn({ err: (err as Error).message }, 'reading the slot again from its confirmed position');
@@ -270,7 +270,7 @@ export function createWalMode(o: {
     if (keys.length > 0) routing.parked(keys);
   }
 
-  async function streamed_(s: WalStream, rows: StreamRow[]): Promise<{ n: number; full: boolean }> {
+  async function fromTaken(s: WalStream, rows: StreamRow[]): Promise<{ n: number; full: boolean }> {
     if (rows.length === 0) {
       await o.deletes.finish();
       if (o.deletes.retrying) o.deletes.start([], new Map(o.owned()));

@@ -104,7 +104,6 @@ export function outboxRowOf(insert: Pgoutput.MessageInsert): ClaimedRow {
 export const messagePrefix = (schema: string) => `cairn.outbox:${schema}`;
 
 interface MessageHeader {
-  a: string;
   m: string;
   t: string | null;
   i: string | null;
@@ -120,8 +119,8 @@ interface MessageHeader {
 export class NotOutboxMessage extends Error {}
 
 /**
- * An outbox message written to the WAL (migration 0019): a 4-byte length, the row's columns as
- * JSON, then the payload's bytes. `id` is the relay's own (negative: never a table row's).
+ * An outbox message written to the WAL (migration 0019): a 4-byte length n, the outbox's secret
+ * (32 bytes), the row's columns as n bytes of JSON, then the payload's bytes. `id` is the relay's own (negative: never a table row's).
  * Throws NotOutboxMessage on content the outbox's trigger did not write: without the secret
  * only the outbox's owner reads (any role may call pg_logical_emit_message), or malformed.
  */
@@ -129,23 +128,34 @@ export function emittedRowOf(
   content: Uint8Array,
   xid: number,
   id: number,
-  secret: string,
+  secret: Buffer,
   walLsn: string,
 ): StreamRow {
-  const b = buf(content);
+  // (content is a Buffer when pg-logical-replication read it: no view made of it again)
+  const b = Buffer.isBuffer(content) ? content : buf(content);
   const n = b.length >= 4 ? b.readInt32BE(0) : -1;
-  if (n < 2 || 4 + n > b.length) throw new NotOutboxMessage(`${b.length} bytes with a header of ${n}`);
+  const json = 4 + secret.length;
+  if (n < 2 || json + n > b.length) throw new NotOutboxMessage(`${b.length} bytes with a header of ${n}`);
+  // Compared as bytes (no string made per message), before anything else is read.
+  if (b.compare(secret, 0, secret.length, 4, json) !== 0)
+    throw new NotOutboxMessage('not written by the outbox');
   let h: MessageHeader;
   try {
-    h = JSON.parse(b.toString('utf8', 4, 4 + n)) as MessageHeader;
+    h = JSON.parse(b.toString('utf8', json, json + n)) as MessageHeader;
   } catch {
     throw new NotOutboxMessage('a header that is not JSON');
   }
-  if (h === null || typeof h !== 'object' || h.a !== secret)
-    throw new NotOutboxMessage('not written by the outbox');
-  if (typeof h.m !== 'string' || typeof h.p !== 'string' || typeof h.k !== 'string') {
+  if (
+    h === null ||
+    typeof h !== 'object' ||
+    typeof h.m !== 'string' ||
+    typeof h.p !== 'string' ||
+    typeof h.k !== 'string'
+  ) {
     throw new NotOutboxMessage('no id, topic or key');
   }
+  const payload = Buffer.allocUnsafe(b.length - json - n);
+  b.copy(payload, 0, json + n);
   return {
     id,
     lane: laneOf(h.k),
@@ -158,7 +168,7 @@ export function emittedRowOf(
     key: h.k,
     headers: h.h,
     // A copy, for the same reason as a row's (outboxRowOf).
-    payload: Buffer.from(b.subarray(4 + n)),
+    payload,
     created_ms: h.c ?? Number.POSITIVE_INFINITY,
     xid,
     emitted: true,

@@ -128,11 +128,11 @@ export async function slotLag(
  * role cannot read the secret reads no messages: its slot is not registered (writers are
  * refused instead of writing what it could not check), and the warning says why.
  */
-export async function registerMessageReader(db: Db, slot: string, log: Logger): Promise<string | undefined> {
-  let secret: string | undefined;
+export async function registerMessageReader(db: Db, slot: string, log: Logger): Promise<Buffer | undefined> {
+  let secret: Buffer | undefined;
   try {
     const { rows } = await sql<{ secret: string }>`SELECT secret FROM outbox_wal_secret`.execute(db);
-    secret = rows[0]?.secret;
+    secret = rows[0] ? Buffer.from(rows[0].secret, 'hex') : undefined;
   } catch (err) {
     if (!privilegeDenied(err)) throw err;
   }

@@ -108,7 +108,7 @@ export async function startWalStream(o: {
    * message without it is not published. Undefined (this relay's role cannot read it): the
    * stream ends with a ConfigurationError at the first outbox message, confirming nothing past it.
    */
-  messageSecret?: string;
+  messageSecret?: Buffer;
 }): Promise<WalStream> {
   const prefix = messagePrefix(o.schema);
   const service = new LogicalReplicationService(
