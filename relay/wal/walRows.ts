@@ -115,14 +115,11 @@ interface MessageHeader {
   c: number | null;
 }
 
-/** A WAL message under the outbox's prefix that its trigger did not write (a forgery, or garbage): never published. */
-export class NotOutboxMessage extends Error {}
-
 /**
  * An outbox message written to the WAL (migration 0019): a 4-byte length n, the outbox's secret
  * (32 bytes), the row's columns as n bytes of JSON, then the payload's bytes. `id` is the relay's own (negative: never a table row's).
- * Throws NotOutboxMessage on content the outbox's trigger did not write: without the secret
- * only the outbox's owner reads (any role may call pg_logical_emit_message), or malformed.
+ * Content the outbox's trigger did not write (without the secret only the outbox's owner reads:
+ * any role may call pg_logical_emit_message; or malformed) is no row: `{ refused }` says why.
  */
 export function emittedRowOf(
   content: Uint8Array,
@@ -130,20 +127,19 @@ export function emittedRowOf(
   id: number,
   secret: Buffer,
   walLsn: string,
-): StreamRow {
+): StreamRow | { refused: string } {
   // (content is a Buffer when pg-logical-replication read it: no view made of it again)
   const b = Buffer.isBuffer(content) ? content : buf(content);
   const n = b.length >= 4 ? b.readInt32BE(0) : -1;
   const json = 4 + secret.length;
-  if (n < 2 || json + n > b.length) throw new NotOutboxMessage(`${b.length} bytes with a header of ${n}`);
+  if (n < 2 || json + n > b.length) return { refused: `${b.length} bytes with a header of ${n}` };
   // Compared as bytes (no string made per message), before anything else is read.
-  if (b.compare(secret, 0, secret.length, 4, json) !== 0)
-    throw new NotOutboxMessage('not written by the outbox');
+  if (b.compare(secret, 0, secret.length, 4, json) !== 0) return { refused: 'not written by the outbox' };
   let h: MessageHeader;
   try {
     h = JSON.parse(b.toString('utf8', json, json + n)) as MessageHeader;
   } catch {
-    throw new NotOutboxMessage('a header that is not JSON');
+    return { refused: 'a header that is not JSON' };
   }
   if (
     h === null ||
@@ -152,7 +148,7 @@ export function emittedRowOf(
     typeof h.p !== 'string' ||
     typeof h.k !== 'string'
   ) {
-    throw new NotOutboxMessage('no id, topic or key');
+    return { refused: 'no id, topic or key' };
   }
   const payload = Buffer.allocUnsafe(b.length - json - n);
   b.copy(payload, 0, json + n);

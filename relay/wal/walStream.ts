@@ -2,15 +2,7 @@ import type pg from 'pg';
 import { LogicalReplicationService, type Pgoutput, PgoutputPlugin } from 'pg-logical-replication';
 import { ConfigurationError, UnavailableError } from '../../src/errors.js';
 import type { Logger } from '../../src/logger.js';
-import {
-  emittedRowOf,
-  lsnOf,
-  lsnText,
-  messagePrefix,
-  NotOutboxMessage,
-  outboxRowOf,
-  type StreamRow,
-} from './walRows.js';
+import { emittedRowOf, lsnOf, lsnText, messagePrefix, outboxRowOf, type StreamRow } from './walRows.js';
 
 /**
  * The outbox's inserts as the WAL has them: a logical replication connection on the relay's
@@ -178,14 +170,11 @@ export async function startWalStream(o: {
             );
             return;
           }
-          let row: StreamRow;
-          try {
-            row = emittedRowOf(m.content, openXid, --emittedIds, o.messageSecret, m.messageLsn ?? '');
-          } catch (err) {
-            if (!(err instanceof NotOutboxMessage)) throw err;
+          const row = emittedRowOf(m.content, openXid, --emittedIds, o.messageSecret, m.messageLsn ?? '');
+          if ('refused' in row) {
             forged++;
             o.log.error(
-              { xid: openXid, why: err.message },
+              { xid: openXid, why: row.refused },
               "a WAL message under the outbox's prefix that its trigger did not write: not published",
             );
             return;
