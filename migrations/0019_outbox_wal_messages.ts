@@ -36,9 +36,21 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     -- Known to the outbox's owner alone (its trigger writes it into each message, the relay
     -- checks it): a role that may call pg_logical_emit_message itself (PUBLIC may, by default)
     -- cannot write a message the relay takes for the outbox's.
-    CREATE TABLE outbox_wal_secret (secret text NOT NULL);
+    -- One, for good: a message in flight carries it, and one the relay refuses is not published.
+    CREATE TABLE outbox_wal_secret (secret text NOT NULL CHECK (secret ~ '^[0-9a-f]{64}$'));
+    CREATE UNIQUE INDEX outbox_wal_secret_one ON outbox_wal_secret ((true));
     INSERT INTO outbox_wal_secret VALUES (replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', ''));
     REVOKE ALL ON outbox_wal_secret FROM PUBLIC;
+    CREATE FUNCTION cairn_outbox_wal_secret_kept() RETURNS trigger LANGUAGE plpgsql AS $fn$
+    BEGIN
+      RAISE EXCEPTION 'the outbox''s WAL message secret is never changed: every message not yet published carries it'
+        USING ERRCODE = '55000';
+    END
+    $fn$;
+    CREATE TRIGGER outbox_wal_secret_kept BEFORE UPDATE OR DELETE ON outbox_wal_secret
+      FOR EACH ROW EXECUTE FUNCTION cairn_outbox_wal_secret_kept();
+    CREATE TRIGGER outbox_wal_secret_not_truncated BEFORE TRUNCATE ON outbox_wal_secret
+      FOR EACH STATEMENT EXECUTE FUNCTION cairn_outbox_wal_secret_kept();
     CREATE TABLE outbox_wal (
       message_id   uuid NOT NULL,
       tenant_id    text,

@@ -8,7 +8,7 @@ import { claimKeys } from '../sql/claimKeys.js';
 import type { RelayStats, RelayWalOptions } from '../types.js';
 import { presentRows } from './walPresent.js';
 import { createWalRouting, keyParts, streamKeyOf } from './walRouting.js';
-import { lsnOf, lsnText, type StreamRow } from './walRows.js';
+import { lsnAtMost, lsnOf, lsnText, type StreamRow } from './walRows.js';
 import {
   checkName,
   DEFAULT_PUBLICATION,
@@ -83,6 +83,8 @@ export function createWalMode(o: {
   let forgedBefore = 0;
   /** After a stream start: WAL messages up to here may have been moved before (walToTable.ts). */
   let redeliverUpTo = 0n;
+  /** The slot's registration when this relay's stream started (a newer one: another relay made the slot again). */
+  let registeredAtStart: string | null = null;
   let retryAt = 0;
   let streamed = 0;
   let movedToTable = 0;
@@ -110,28 +112,40 @@ export function createWalMode(o: {
     );
   }
 
-  /** Drops the slot and makes it again: it can no longer be streamed (the table covers the gap for rows; not for WAL messages). */
-  async function remakeSlot(why: string): Promise<void> {
-    await slotLost(why, { dropping: true });
+  /**
+   * Makes the slot again: it does not exist (made anew, nothing dropped), or it exists and can no
+   * longer be streamed (dropped first: the table covers the gap for rows; not for WAL messages).
+   * Several relays may find it so at once: a slot another relay made and registered since this
+   * one's stream started is left alone (its registration is newer).
+   */
+  async function remakeSlot(why: string, o: { missing?: boolean } = {}): Promise<void> {
     log.warn(
       { slot, why },
       'the replication slot cannot be streamed; making it again (the table covers the gap)',
     );
-    // Its walsender may take a moment to end after the stream broke.
-    for (let i = 0; i < 20; i++) {
-      const { rows } = await sql<{ active: boolean }>`
-        SELECT active FROM pg_replication_slots WHERE slot_name = ${slot}`.execute(db);
-      if (rows.length === 0) break;
-      if (!rows[0]!.active) {
-        await sql`SELECT pg_drop_replication_slot(${slot})`.execute(db).catch(() => {});
-        break;
+    if (o.missing) await slotLost(why);
+    else {
+      // Its walsender may take a moment to end after the stream broke.
+      for (let i = 0; i < 20; i++) {
+        const { rows } = await sql<{ active: boolean; registered: string | null }>`
+          SELECT s.active, (SELECT w.registered_at::text FROM outbox_wal_reader w WHERE w.slot_name = s.slot_name) AS registered
+            FROM pg_replication_slots s WHERE s.slot_name = ${slot}`.execute(db);
+        if (rows.length === 0) break;
+        if (rows[0]!.registered !== registeredAtStart) return; // another relay made it again
+        if (!rows[0]!.active) {
+          await slotLost(why, { dropping: true });
+          await sql`SELECT pg_drop_replication_slot(${slot})`.execute(db).catch(() => {});
+          break;
+        }
+        await new Promise((r) => setTimeout(r, 100));
       }
-      await new Promise((r) => setTimeout(r, 100));
     }
-    await prepareWal(db, { slot, publication }).catch((e: Error) =>
-      log.warn({ err: e.message, slot }, 'could not make the replication slot'),
-    );
-    retryAt = 0;
+    try {
+      await prepareWal(db, { slot, publication });
+      retryAt = 0;
+    } catch (e) {
+      log.warn({ err: (e as Error).message, slot }, 'could not make the replication slot');
+    }
   }
 
   async function ensureStream(): Promise<void> {
@@ -148,13 +162,23 @@ export function createWalMode(o: {
     if (performance.now() < retryAt) return;
     retryAt = performance.now() + 2000;
     try {
-      // (Again at each start: a promoted server has another timeline, writers wait for this.)
-      messageSecret = await registerMessageReader(db, slot, log);
       const { rows } = await sql<{ lsn: string | null }>`
         SELECT confirmed_flush_lsn::text AS lsn FROM pg_replication_slots WHERE slot_name = ${slot}`.execute(
         db,
       );
-      if (rows.length === 0) return remakeSlot('it does not exist (dropped, or a server that never had it)');
+      if (rows.length === 0) {
+        return remakeSlot('it does not exist (dropped, or a server that never had it)', { missing: true });
+      }
+      // Registered once the slot exists (again at each start: a promoted server has another
+      // timeline, writers wait for this), and what it may deliver again read before it streams.
+      messageSecret = await registerMessageReader(db, slot, log);
+      const reader = await sql<{ moved: string | null; registered: string | null }>`
+        SELECT (SELECT max(moved_lsn)::text FROM outbox_wal_reader) AS moved,
+               (SELECT registered_at::text FROM outbox_wal_reader WHERE slot_name = ${slot}) AS registered`.execute(
+        db,
+      );
+      redeliverUpTo = lsnOf(reader.rows[0]?.moved) ?? 0n;
+      registeredAtStart = reader.rows[0]?.registered ?? null;
       stream = await startWalStream({
         connectionString: o.options.connectionString,
         slot,
@@ -165,10 +189,6 @@ export function createWalMode(o: {
         ...(rows[0]!.lsn ? { confirmedFlush: lsnOf(rows[0]!.lsn)! } : {}),
       });
       routing.holdAll(); // rows may have been left in the table meanwhile: read it first
-      const moved = await sql<{
-        lsn: string | null;
-      }>`SELECT max(moved_lsn)::text AS lsn FROM outbox_wal_reader`.execute(db);
-      redeliverUpTo = lsnOf(moved.rows[0]?.lsn) ?? 0n;
       log.info({ slot }, 'streaming the outbox from the WAL');
     } catch (err) {
       const e = err as { code?: string; message: string };
@@ -255,17 +275,17 @@ export function createWalMode(o: {
    * The slot delivers again what it delivered before a crash (its position is saved at
    * checkpoints). WAL messages up to the last one moved into the table may have been moved,
    * and skipped since by an operator: their keys wait for the table (writeToTable drops what
-   * was skipped), so nothing skipped comes back and a key's order holds.
+   * was skipped), so nothing skipped comes back and a key's order holds. Until the next stream
+   * start; a message written before the bound in a long transaction goes through the table too.
    */
   function holdRedelivered(rows: readonly StreamRow[]): void {
+    // Every message of the stream is compared: transactions arrive in commit order, and a
+    // message's own position is where it was written, so a transaction committed later can
+    // hold a message from before the bound (two writers overlapping).
     const keys: string[] = [];
     for (const r of rows) {
-      if (!r.emitted) continue;
-      if ((lsnOf(r.walLsn) ?? 0n) > redeliverUpTo) {
-        redeliverUpTo = 0n; // past it: what follows is new
-        break;
-      }
-      keys.push(streamKeyOf(r));
+      if (r.emitted && r.walLsn !== undefined && lsnAtMost(r.walLsn, redeliverUpTo))
+        keys.push(streamKeyOf(r));
     }
     if (keys.length > 0) routing.parked(keys);
   }

@@ -114,7 +114,8 @@ export function createWalRouting(o: { sweepEveryMs: number }): WalRouting {
       return undefined;
     },
     swept(what, { full, parkedBefore, now }) {
-      if ('keys' in what) lastKeySweep = now;
+      // A keys sweep a limit cut (keys held after a crash, thousands of rows) goes on at once.
+      if ('keys' in what && !full) lastKeySweep = now;
       if (full) return;
       if ('lanes' in what) {
         for (const l of what.lanes) heldLanes.delete(l);

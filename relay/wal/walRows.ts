@@ -30,6 +30,15 @@ export function lsnOf(text: string | null | undefined): bigint | undefined {
   return (BigInt(`0x${hi}`) << 32n) | BigInt(`0x${lo}`);
 }
 
+/** Whether the LSN `text` ("16/B374D848") is at most `bound`, without a BigInt per call (it runs per WAL message). */
+export function lsnAtMost(text: string, bound: bigint): boolean {
+  const slash = text.indexOf('/');
+  const hi = Number.parseInt(text.slice(0, slash), 16);
+  const boundHi = Number(bound >> 32n);
+  if (hi !== boundHi) return hi < boundHi;
+  return Number.parseInt(text.slice(slash + 1), 16) <= Number(bound & 0xffffffffn);
+}
+
 /** The LSN text form back (for the standby status update). */
 export function lsnText(lsn: bigint): string {
   return `${(lsn >> 32n).toString(16).toUpperCase()}/${(lsn & 0xffffffffn).toString(16).toUpperCase()}`;

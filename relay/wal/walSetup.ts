@@ -133,6 +133,7 @@ export async function registerMessageReader(db: Db, slot: string, log: Logger): 
   try {
     const { rows } = await sql<{ secret: string }>`SELECT secret FROM outbox_wal_secret`.execute(db);
     secret = rows[0] ? Buffer.from(rows[0].secret, 'hex') : undefined;
+    if (secret?.length !== 32) secret = undefined; // (migration 0019 makes one of 32 bytes, and keeps it)
   } catch (err) {
     if (!privilegeDenied(err)) throw err;
   }
@@ -152,9 +153,12 @@ export async function registerMessageReader(db: Db, slot: string, log: Logger): 
   return secret;
 }
 
-/** Writing WAL messages is refused from now on (until a relay registers again). */
+/**
+ * Writing WAL messages is refused from now on (until a relay registers again): the timeline no
+ * server has. The row stays: its moved_lsn still says what a slot may deliver again.
+ */
 export async function forgetMessageReader(db: Db, slot: string): Promise<void> {
-  await sql`DELETE FROM outbox_wal_reader WHERE slot_name = ${slot}`.execute(db);
+  await sql`UPDATE outbox_wal_reader SET timeline = '' WHERE slot_name = ${slot}`.execute(db);
 }
 
 /**
@@ -172,6 +176,6 @@ export async function registeredSlotLost(
     SELECT EXISTS (SELECT 1 FROM pg_replication_slots s
                     WHERE s.slot_name = w.slot_name AND s.database = current_database()
                       AND s.wal_status IS DISTINCT FROM 'lost') AS usable
-      FROM outbox_wal_reader w WHERE w.slot_name = ${slot}`.execute(db);
+      FROM outbox_wal_reader w WHERE w.slot_name = ${slot} AND w.timeline <> ''`.execute(db);
   return rows.length > 0 && (o.dropping === true || !rows[0]!.usable);
 }

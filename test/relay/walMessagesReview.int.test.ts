@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { sql } from 'kysely';
+import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { createDb, type Db } from '../../src/db/database.js';
 import { forTenant, registerTenant } from '../../src/db/tenant.js';
@@ -104,6 +105,65 @@ describe('issue 16: WAL messages, second review', () => {
     // Neither skipped message comes back (p:2 would: the broker takes it).
     expect(got.map((x) => x.value)).toEqual(['p:3']);
   }, 120_000);
+
+  it('a skipped moved message stays skipped when the slot delivers it again behind a later message of an overlapping writer (transactions come in commit order, messages carry where they were written)', async () => {
+    const d = await wal.database('overlap');
+    const topic = await createTestTopic('walrev-overlap', 1, { 'max.message.bytes': '1024' });
+    const first = wal.start(wal.walRelay(d, { instanceId: 'r1' }));
+    await waitFor('the stream to start', async () => drained(first), 30_000);
+    const poison = randomUUID();
+    await sql`INSERT INTO outbox_wal (message_id, topic, key, payload)
+              VALUES (${poison}::uuid, ${topic}, 'k1', ${Buffer.alloc(4000, 1)}::bytea)`.execute(d.db);
+    await waitFor('k1 parked', async () => first.stats().parked === 1, 20_000);
+    await sql`SELECT pg_copy_logical_replication_slot(${d.slot}, ${`${d.slot}_bak`})`.execute(d.db);
+    // T1 writes k1:1 first and commits last; T2's k2:1 is written after it and commits before.
+    const t1 = new pg.Client({
+      connectionString: d.url,
+      options: `-c search_path=${await wal.outboxSchema(d.db)}`,
+    });
+    await t1.connect();
+    const k11 = randomUUID();
+    try {
+      await t1.query('BEGIN');
+      await t1.query(`INSERT INTO outbox_wal (message_id, topic, key, payload) VALUES ($1, $2, 'k1', $3)`, [
+        k11,
+        topic,
+        Buffer.from('k1:1'),
+      ]);
+      await d.db
+        .transaction()
+        .execute((t) => walOutbox.enqueue(t, [{ topic, key: 'k2', payload: Buffer.from('k2:1') }]));
+      await t1.query('COMMIT');
+    } finally {
+      await t1.end();
+    }
+    await waitFor('k1:1 moved behind the parked key', async () => (await tableRows(d.db)) === 2, 20_000);
+    const operator = { actor: 'spiffe://cairn.test/operator', reason: 'do not send' };
+    await skipMessage(d.db, { messageId: k11, ...operator });
+    await skipMessage(d.db, { messageId: poison, ...operator });
+    await first.stop();
+    await sql`SELECT pg_drop_replication_slot(${d.slot})`.execute(d.db);
+    await sql`SELECT pg_copy_logical_replication_slot(${`${d.slot}_bak`}, ${d.slot})`.execute(d.db);
+    await sql`SELECT pg_drop_replication_slot(${`${d.slot}_bak`})`.execute(d.db);
+    const again = wal.start(wal.walRelay(d, { instanceId: 'r2' }));
+    await waitFor('the stream to start', async () => drained(again), 30_000);
+    await d.db
+      .transaction()
+      .execute((t) => walOutbox.enqueue(t, [{ topic, key: 'k1', payload: Buffer.from('k1:2') }]));
+    const got = await readTopic(kafka, topic, (xs) => xs.some((x) => x.value === 'k1:2'), 30_000);
+    expect(got.map((x) => x.value).filter((v) => v.startsWith('k1'))).toEqual(['k1:2']);
+  }, 120_000);
+
+  it('the secret is made once and kept: an update, a delete or a truncate is refused', async () => {
+    const d = await wal.database('secret');
+    for (const statement of [
+      sql`UPDATE outbox_wal_secret SET secret = repeat('0', 64)`,
+      sql`DELETE FROM outbox_wal_secret`,
+      sql`TRUNCATE outbox_wal_secret`,
+    ]) {
+      await expect(statement.execute(d.db)).rejects.toThrow(/never changed/);
+    }
+  }, 60_000);
 
   it("cairn outbox skip drops a message that has two rows (a tenant's own and the one the relay moved)", async () => {
     const d = await wal.database('skip2');
