@@ -9,7 +9,7 @@ import { skipMessage } from '../../src/outbox/operator.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { createTestTopic, kafkaBrokers } from '../support/testDatabase.js';
 import { readTopic, waitFor } from '../support/topicReader.js';
-import { useLogicalServer } from '../support/walServer.js';
+import { useLogicalServer, type WalDatabase } from '../support/walServer.js';
 
 // Issue 16, WAL messages: the second adversarial review's findings, each failing before its fix.
 
@@ -20,6 +20,33 @@ const drained = (r: { stats(): { wal?: { streaming: boolean; heldLanes: number }
   r.stats().wal?.streaming === true && r.stats().wal?.heldLanes === 0;
 const tableRows = async (db: Db) =>
   (await sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox`.execute(db)).rows[0]!.n;
+
+/**
+ * A relay on `d` with `key` parked (a message the topic refuses) and the slot's position saved
+ * right after it, as a checkpoint would: rewind() puts it back there, as a crash would find it,
+ * and starts another relay.
+ */
+async function parkedThenSaved(d: WalDatabase, topic: string, key: string) {
+  const first = wal.start(wal.walRelay(d, { instanceId: 'r1' }));
+  await waitFor('the stream to start', async () => drained(first), 30_000);
+  const poison = randomUUID();
+  await sql`INSERT INTO outbox_wal (message_id, topic, key, payload)
+            VALUES (${poison}::uuid, ${topic}, ${key}, ${Buffer.alloc(4000, 1)}::bytea)`.execute(d.db);
+  await waitFor('the key parked', async () => first.stats().parked === 1, 20_000);
+  await sql`SELECT pg_copy_logical_replication_slot(${d.slot}, ${`${d.slot}_bak`})`.execute(d.db);
+  return {
+    poison,
+    async rewind() {
+      await first.stop();
+      await sql`SELECT pg_drop_replication_slot(${d.slot})`.execute(d.db);
+      await sql`SELECT pg_copy_logical_replication_slot(${`${d.slot}_bak`}, ${d.slot})`.execute(d.db);
+      await sql`SELECT pg_drop_replication_slot(${`${d.slot}_bak`})`.execute(d.db);
+      const again = wal.start(wal.walRelay(d, { instanceId: 'r2' }));
+      await waitFor('the stream to start', async () => drained(again), 30_000);
+    },
+  };
+}
+const operator = { actor: 'spiffe://cairn.test/operator', reason: 'do not send' };
 
 describe('issue 16: WAL messages, second review', () => {
   it("a tenant's message with a task_version past 2^53 is refused at write (it could never be moved into the table: the stream held for everyone)", async () => {
@@ -70,14 +97,7 @@ describe('issue 16: WAL messages, second review', () => {
   it('an operator skip of a moved message holds when the slot delivers it again (its position saved at a checkpoint before: a Postgres crash goes back to it)', async () => {
     const d = await wal.database('skip');
     const topic = await createTestTopic('walrev-skip', 1, { 'max.message.bytes': '1024' });
-    const first = wal.start(wal.walRelay(d, { instanceId: 'r1' }));
-    await waitFor('the stream to start', async () => drained(first), 30_000);
-    const poison = randomUUID();
-    await sql`INSERT INTO outbox_wal (message_id, topic, key, payload)
-              VALUES (${poison}::uuid, ${topic}, 'p', ${Buffer.alloc(4000, 1)}::bytea)`.execute(d.db);
-    await waitFor('the key parked', async () => first.stats().parked === 1, 20_000);
-    // The slot's position as a crash would find it: saved before the next message.
-    await sql`SELECT pg_copy_logical_replication_slot(${d.slot}, ${`${d.slot}_bak`})`.execute(d.db);
+    const { poison, rewind } = await parkedThenSaved(d, topic, 'p');
     const [held] = await d.db
       .transaction()
       .execute((t) => walOutbox.enqueue(t, [{ topic, key: 'p', payload: Buffer.from('p:2') }]));
@@ -87,16 +107,10 @@ describe('issue 16: WAL messages, second review', () => {
       20_000,
     );
     // The operator drops both; the slot will deliver p:2 again, and the broker would take it.
-    const operator = { actor: 'spiffe://cairn.test/operator', reason: 'do not send' };
     await skipMessage(d.db, { messageId: held!, ...operator });
     await skipMessage(d.db, { messageId: poison, ...operator });
     expect(await tableRows(d.db)).toBe(0);
-    await first.stop();
-    await sql`SELECT pg_drop_replication_slot(${d.slot})`.execute(d.db);
-    await sql`SELECT pg_copy_logical_replication_slot(${`${d.slot}_bak`}, ${d.slot})`.execute(d.db);
-    await sql`SELECT pg_drop_replication_slot(${`${d.slot}_bak`})`.execute(d.db);
-    const again = wal.start(wal.walRelay(d, { instanceId: 'r2' }));
-    await waitFor('the stream to start', async () => drained(again), 30_000);
+    await rewind();
     await d.db
       .transaction()
       .execute((t) => walOutbox.enqueue(t, [{ topic, key: 'p', payload: Buffer.from('p:3') }]));
@@ -109,13 +123,7 @@ describe('issue 16: WAL messages, second review', () => {
   it('a skipped moved message stays skipped when the slot delivers it again behind a later message of an overlapping writer (transactions come in commit order, messages carry where they were written)', async () => {
     const d = await wal.database('overlap');
     const topic = await createTestTopic('walrev-overlap', 1, { 'max.message.bytes': '1024' });
-    const first = wal.start(wal.walRelay(d, { instanceId: 'r1' }));
-    await waitFor('the stream to start', async () => drained(first), 30_000);
-    const poison = randomUUID();
-    await sql`INSERT INTO outbox_wal (message_id, topic, key, payload)
-              VALUES (${poison}::uuid, ${topic}, 'k1', ${Buffer.alloc(4000, 1)}::bytea)`.execute(d.db);
-    await waitFor('k1 parked', async () => first.stats().parked === 1, 20_000);
-    await sql`SELECT pg_copy_logical_replication_slot(${d.slot}, ${`${d.slot}_bak`})`.execute(d.db);
+    const { poison, rewind } = await parkedThenSaved(d, topic, 'k1');
     // T1 writes k1:1 first and commits last; T2's k2:1 is written after it and commits before.
     const t1 = new pg.Client({
       connectionString: d.url,
@@ -138,15 +146,9 @@ describe('issue 16: WAL messages, second review', () => {
       await t1.end();
     }
     await waitFor('k1:1 moved behind the parked key', async () => (await tableRows(d.db)) === 2, 20_000);
-    const operator = { actor: 'spiffe://cairn.test/operator', reason: 'do not send' };
     await skipMessage(d.db, { messageId: k11, ...operator });
     await skipMessage(d.db, { messageId: poison, ...operator });
-    await first.stop();
-    await sql`SELECT pg_drop_replication_slot(${d.slot})`.execute(d.db);
-    await sql`SELECT pg_copy_logical_replication_slot(${`${d.slot}_bak`}, ${d.slot})`.execute(d.db);
-    await sql`SELECT pg_drop_replication_slot(${`${d.slot}_bak`})`.execute(d.db);
-    const again = wal.start(wal.walRelay(d, { instanceId: 'r2' }));
-    await waitFor('the stream to start', async () => drained(again), 30_000);
+    await rewind();
     await d.db
       .transaction()
       .execute((t) => walOutbox.enqueue(t, [{ topic, key: 'k1', payload: Buffer.from('k1:2') }]));
