@@ -195,6 +195,12 @@ describe('relay under crashes (real processes, real broker)', () => {
       }
       const walBefore = await currentLsn();
       const sent = await writeLoad(topic, 8, 200, 15); // 3,000 messages
+      // Relay 0 dies after its third batch; once the load is done an incarnation may get none
+      // (with WAL messages, another relay that took the slot sends what it had not confirmed):
+      // a little more load, until it died twice.
+      for (let round = 0, until = Date.now() + 60_000; selfKills < 2 && Date.now() < until; round++) {
+        for (const [id, v] of await writeLoad(topic, 2, 20, 3, `extra${round}`)) sent.set(id, v);
+      }
       writing = false;
       await chaos;
       await waitFor('relay 0 to die at its named point twice', () => selfKills >= 2, 60_000);
