@@ -235,9 +235,9 @@ export function createWalMode(o: {
    * The taken rows the table still has, once their transactions are visible, and every WAL
    * message (no table has it; only the slot); undefined: not visible in time.
    */
-  async function stillInTable(taken: readonly StreamRow[]): Promise<StreamRow[] | undefined> {
+  async function stillInTable(taken: StreamRow[]): Promise<StreamRow[] | undefined> {
     const rows = taken.filter((r) => !r.emitted);
-    if (rows.length === 0) return [...taken];
+    if (rows.length === 0) return taken; // WAL messages only: nothing to ask the table
     const xids = [...new Set(rows.map((r) => r.xid))];
     const until = performance.now() + VISIBLE_WITHIN_MS;
     for (;;) {
