@@ -131,19 +131,21 @@ interface MessageHeader {
  * any role may call pg_logical_emit_message; or malformed) is no row: `{ refused }` says why.
  */
 export function emittedRowOf(
-  content: Uint8Array,
+  message: { b: Buffer; start: number; end: number },
   xid: number,
   id: number,
   secret: Buffer,
   walLsn: string,
 ): StreamRow | { refused: string } {
-  // (content is a Buffer when pg-logical-replication read it: no view made of it again)
-  const b = Buffer.isBuffer(content) ? content : buf(content);
-  const n = b.length >= 4 ? b.readInt32BE(0) : -1;
-  const json = 4 + secret.length;
-  if (n < 2 || json + n > b.length) return { refused: `${b.length} bytes with a header of ${n}` };
+  // The content is read where it lies (bytes start to end of b): no view of it is made.
+  const { b, start, end } = message;
+  const size = end - start;
+  const n = size >= 4 ? b.readInt32BE(start) : -1;
+  const json = start + 4 + secret.length;
+  if (n < 2 || json + n > end) return { refused: `${size} bytes with a header of ${n}` };
   // Compared as bytes (no string made per message), before anything else is read.
-  if (b.compare(secret, 0, secret.length, 4, json) !== 0) return { refused: 'not written by the outbox' };
+  if (b.compare(secret, 0, secret.length, start + 4, json) !== 0)
+    return { refused: 'not written by the outbox' };
   let h: MessageHeader;
   try {
     h = JSON.parse(b.toString('utf8', json, json + n)) as MessageHeader;
@@ -159,8 +161,8 @@ export function emittedRowOf(
   ) {
     return { refused: 'no id, topic or key' };
   }
-  const payload = Buffer.allocUnsafe(b.length - json - n);
-  b.copy(payload, 0, json + n);
+  const payload = Buffer.allocUnsafe(end - json - n);
+  b.copy(payload, 0, json + n, end);
   return {
     id,
     lane: laneOf(h.k),

@@ -1,3 +1,4 @@
+import type { EventEmitter } from 'node:events';
 import type pg from 'pg';
 import { LogicalReplicationService, type Pgoutput, PgoutputPlugin } from 'pg-logical-replication';
 import { ConfigurationError, UnavailableError } from '../../src/errors.js';
@@ -65,6 +66,68 @@ class BinaryPgoutput extends PgoutputPlugin {
   }
 }
 
+/** The service's members its copyData handler used, which WalReplication takes over. */
+interface ServiceInternals {
+  _stop: boolean;
+  client(): Promise<[pg.Client, EventEmitter]>;
+}
+
+/** An LSN's text ("1a/b374d848", which lsnOf and Postgres read in either case) from its two halves. */
+function lsnTextOf(hi: number, lo: number): string {
+  return `${hi.toString(16)}/${lo.toString(16)}`;
+}
+
+/**
+ * pg-logical-replication's service with its copyData handler replaced. For each XLogData message
+ * the library made an LSN string, emitted an event and started an acknowledgement promise (empty
+ * with automatic acknowledgement off); this handler hands the message's bytes on as they are.
+ * The connection, `stop` and `acknowledge` stay the library's.
+ */
+class WalReplication extends LogicalReplicationService {
+  constructor(
+    config: pg.ClientConfig,
+    private readonly handlers: {
+      /** One XLogData message (its pgoutput message from byte 25), in the socket's read buffer. */
+      xlog(chunk: Buffer): void;
+      keepalive(lsn: bigint, respond: boolean): void;
+    },
+  ) {
+    // Never acknowledge on its own: its timer would confirm what was received, not what the broker acked.
+    super(config, { acknowledge: { auto: false, timeoutSeconds: 0 }, flowControl: { enabled: false } });
+  }
+
+  /** Resolves when the stream ends (the server closed it, or stop()), as the library's does. */
+  override async subscribe(
+    plugin: Parameters<LogicalReplicationService['subscribe']>[0],
+    slot: string,
+  ): Promise<this> {
+    const self = this as unknown as ServiceInternals;
+    try {
+      const [client, connection] = await self.client();
+      connection.once('replicationStart', () => {
+        self._stop = false; // the library's acknowledge() sends nothing while it is set
+        this.emit('start');
+      });
+      connection.on('copyData', ({ chunk }: { chunk: Buffer }) => {
+        if (chunk[0] === 0x77) this.handlers.xlog(chunk);
+        else if (chunk[0] === 0x6b)
+          this.handlers.keepalive(
+            (BigInt(chunk.readUInt32BE(1)) << 32n) | BigInt(chunk.readUInt32BE(5)),
+            chunk[17] !== 0,
+          );
+      });
+      await plugin.start(client, slot, '0/00000000').catch((e: unknown) => {
+        if (!self._stop || !/Connection\s+terminated/i.test(String(e))) throw e;
+      });
+      return this;
+    } catch (e) {
+      await this.stop();
+      this.emit('error', e);
+      throw e;
+    }
+  }
+}
+
 /** Buffered rows, or payload bytes, past which the connection is paused until the relay has taken half. */
 const HIGH_WATER_ROWS = 50_000;
 const HIGH_WATER_BYTES = 64 * 1024 * 1024;
@@ -102,11 +165,26 @@ export async function startWalStream(o: {
    */
   messageSecret?: Buffer;
 }): Promise<WalStream> {
-  const prefix = messagePrefix(o.schema);
-  const service = new LogicalReplicationService(
+  const prefix = Buffer.from(messagePrefix(o.schema));
+  const plugin = new BinaryPgoutput(o.publication);
+  const service = new WalReplication(
     { connectionString: o.connectionString, application_name: `cairn-relay-wal` },
-    // Never acknowledge on its own: its timer would confirm what was received, not what the broker acked.
-    { acknowledge: { auto: false, timeoutSeconds: 0 }, flowControl: { enabled: false } },
+    {
+      xlog: (chunk) => {
+        if (broken) return; // nothing after a failure is taken: the next stream reads it again
+        try {
+          if (chunk[25] === 0x4d) message(chunk, 25);
+          else decoded(plugin.parse(chunk.subarray(25)));
+        } catch (err) {
+          // A message the decoding cannot read ends this stream (nothing past it confirmed), not the process.
+          fail(err as Error);
+        }
+      },
+      keepalive: (lsn, respond) => {
+        keepalive = lsn;
+        if (respond) sendStatus();
+      },
+    },
   );
   let ready: StreamRow[] = [];
   let head = 0;
@@ -141,8 +219,51 @@ export async function startWalStream(o: {
   const timer = setInterval(sendStatus, STATUS_EVERY_MS);
   timer.unref();
 
-  service.on('data', (_lsn: string, m: Pgoutput.Message) => {
-    if (broken) return; // nothing after a failure is taken: the next stream reads it again
+  /**
+   * A logical message (pgoutput's 'M': flags, its LSN, a prefix ending in a zero byte, a length,
+   * the content), read here rather than by the library's parser: the outbox's messages are most
+   * of a WAL messages relay's stream, and only the prefix is compared before the content is.
+   */
+  function message(b: Buffer, at: number): void {
+    const hi = b.readUInt32BE(at + 2);
+    const lo = b.readUInt32BE(at + 6);
+    const prefixAt = at + 10;
+    const prefixEnd = b.indexOf(0, prefixAt);
+    if (prefixEnd < 0) throw new Error('a logical message without the end of its prefix');
+    if (
+      !open ||
+      prefixEnd - prefixAt !== prefix.length ||
+      b.compare(prefix, 0, prefix.length, prefixAt, prefixEnd) !== 0
+    )
+      return;
+    const start = prefixEnd + 5;
+    const end = start + b.readInt32BE(prefixEnd + 1);
+    if (end > b.length) throw new Error('a logical message shorter than its length');
+    if (o.messageSecret === undefined) {
+      fail(
+        new ConfigurationError(
+          "WAL relay: an outbox message arrived and this relay's role cannot read outbox_wal_secret to check it; " +
+            "nothing past it is confirmed: run the relay as the outbox's owner (or GRANT SELECT ON outbox_wal_secret to its role)",
+        ),
+      );
+      return;
+    }
+    const walLsn = hi === 0 && lo === 0 ? '' : lsnTextOf(hi, lo);
+    const row = emittedRowOf({ b, start, end }, openXid, --emittedIds, o.messageSecret, walLsn);
+    if ('refused' in row) {
+      forged++;
+      o.log.error(
+        { xid: openXid, why: row.refused },
+        "a WAL message under the outbox's prefix that its trigger did not write: not published",
+      );
+      return;
+    }
+    open.push(row);
+    openBytes += row.payload.length;
+    openEmitted = true;
+    if (open.length > MAX_OPEN_ROWS || openBytes > MAX_OPEN_BYTES) tooLarge();
+  }
+  function decoded(m: Pgoutput.Message): void {
     switch (m.tag) {
       case 'begin':
         open = [];
@@ -156,32 +277,6 @@ export async function startWalStream(o: {
           const row = { ...outboxRowOf(m), xid: openXid };
           open.push(row);
           openBytes += row.payload.length;
-          if (open.length > MAX_OPEN_ROWS || openBytes > MAX_OPEN_BYTES) tooLarge();
-        }
-        break;
-      case 'message':
-        if (open && m.prefix === prefix) {
-          if (o.messageSecret === undefined) {
-            fail(
-              new ConfigurationError(
-                "WAL relay: an outbox message arrived and this relay's role cannot read outbox_wal_secret to check it; " +
-                  "nothing past it is confirmed: run the relay as the outbox's owner (or GRANT SELECT ON outbox_wal_secret to its role)",
-              ),
-            );
-            return;
-          }
-          const row = emittedRowOf(m.content, openXid, --emittedIds, o.messageSecret, m.messageLsn ?? '');
-          if ('refused' in row) {
-            forged++;
-            o.log.error(
-              { xid: openXid, why: row.refused },
-              "a WAL message under the outbox's prefix that its trigger did not write: not published",
-            );
-            return;
-          }
-          open.push(row);
-          openBytes += row.payload.length;
-          openEmitted = true;
           if (open.length > MAX_OPEN_ROWS || openBytes > MAX_OPEN_BYTES) tooLarge();
         }
         break;
@@ -205,7 +300,7 @@ export async function startWalStream(o: {
       default:
         break;
     }
-  });
+  }
   /** Rows of committed transactions (all of them, or a large one's first part) for the relay. */
   function toReady(rows: readonly StreamRow[]): void {
     for (const r of rows) {
@@ -230,10 +325,6 @@ export async function startWalStream(o: {
     openBytes = open.reduce((n, r) => n + r.payload.length, 0);
   }
 
-  service.on('heartbeat', (lsn: string, _ts: number, shouldRespond: boolean) => {
-    keepalive = lsnOf(lsn) ?? keepalive;
-    if (shouldRespond) sendStatus();
-  });
   const fail = (err: Error) => {
     if (broken) return;
     broken = err;
@@ -244,7 +335,7 @@ export async function startWalStream(o: {
 
   const started = new Promise<void>((resolve, reject) => {
     service.once('start', () => resolve());
-    service.subscribe(new BinaryPgoutput(o.publication), o.slot).then(
+    service.subscribe(plugin, o.slot).then(
       () => fail(new UnavailableError('the replication stream ended')),
       (err: Error) => {
         reject(err);
