@@ -1,3 +1,5 @@
+import { sql } from 'kysely';
+import type { Db } from '../../src/db/database.js';
 import type { FailoverReport } from '../../src/recovery/failover.js';
 import { workflowDigestOf } from '../../src/recovery/resume.js';
 import { stateDigest } from '../../src/state/changelog.js';
@@ -180,4 +182,21 @@ async function mismatchedDigests(
     if (digest !== inB.digest) bad.push(id);
   }
   return bad.sort();
+}
+
+/**
+ * Held tasks changed since their hold (an audit row or a receipt started at or after it).
+ * Not "since promotion": the changelog replay runs between the two, and a task it rebuilt in
+ * part (up to the last record on the broker) that the check then still finds diverged (a later
+ * message of it on the broker, its record not) is held with the replay's audit rows (and
+ * restored receipts) written after the promotion (test/failover/heldTouchedByReplay.int).
+ */
+export async function heldTasksTouched(db: Db, held: readonly string[]): Promise<string[]> {
+  const { rows } = await sql<{ task_id: string }>`
+    SELECT DISTINCT x.task_id FROM (
+      SELECT task_id, at FROM task_audit
+      UNION ALL SELECT task_id, started_at FROM tool_receipt) x
+      JOIN task_quarantine q ON q.task_id = x.task_id AND q.released_at IS NULL
+     WHERE x.at >= q.placed_at AND x.task_id = ANY(${held}::text[])`.execute(db);
+  return rows.map((r) => r.task_id);
 }

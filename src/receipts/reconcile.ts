@@ -15,7 +15,7 @@ export interface ReconcileDeps {
 
 /**
  * ReceiptStore.reconcile: what each receipt of a task means for a resume (skip, may run, in
- * progress, settled), settling the uncertain ones (compensate or gate) on the way.
+ * progress, settled), settling the uncertain ones (compensate, leave for a retry, or gate) on the way.
  */
 export async function reconcileTask(
   d: ReconcileDeps,
@@ -54,6 +54,11 @@ export async function reconcileTask(
       const compensate = opts.compensators?.[r.tool];
       if (r.status === 'compensating' && !compensate) {
         out.push({ ...entry, action: 'in_progress' });
+        continue;
+      }
+      if (!compensate && r.status !== 'compensating' && opts.idempotentTools?.includes(r.tool)) {
+        // The tool applies its key once: the worker's runOnce (onUncertain 'retry') runs it again.
+        out.push({ ...entry, action: 'retry' });
         continue;
       }
       const settled = await d.resolveUncertain(

@@ -113,12 +113,20 @@ export interface ReceiptStore {
   /**
    * For resume: settles every receipt of a task. Succeeded ones are skipped; ones left started
    * by a dead worker (or uncertain) are compensated when a compensator for their tool is
-   * given, else gated; a running one is reported in progress.
+   * given, left uncertain for their worker to retry when the tool is in `idempotentTools`, else
+   * gated; a running one is reported in progress.
    */
   reconcile(
     taskId: string,
     opts: {
       compensators?: Record<string, (ctx: EffectContext) => Promise<unknown>>;
+      /**
+       * Tools whose own API applies an idempotency key once (the ones a worker's runOnce declares
+       * `idempotentTool` with `onUncertain: 'retry'`): an uncertain receipt of one is left
+       * uncertain (action `retry`), and the worker's next runOnce runs it again with the same key.
+       * A compensator for the same tool comes first.
+       */
+      idempotentTools?: readonly string[];
       gate?: GateRecord;
       /**
        * The task's lease the caller holds (resume passes it through `gate.lease`): nothing is
@@ -138,7 +146,15 @@ export interface ReceiptStore {
  * What reconcile did with a receipt: skipped (succeeded), may run (failed), in progress,
  * compensated, gated, or already settled.
  */
-export type ReconcileAction = 'skip' | 'may_run' | 'in_progress' | 'compensated' | 'gated' | 'settled';
+export type ReconcileAction =
+  | 'skip'
+  | 'may_run'
+  | 'in_progress'
+  | 'compensated'
+  | 'gated'
+  | 'settled'
+  /** Left uncertain: an idempotent tool's worker runs it again with the same key. */
+  | 'retry';
 
 /** What createReceiptStore takes. */
 export interface ReceiptStoreOptions {

@@ -58,6 +58,12 @@ export interface ResumeOptions {
    * receipt is gated.
    */
   compensators?: Record<string, (ctx: EffectContext) => Promise<unknown>>;
+  /**
+   * Tools whose own API applies an idempotency key once: a receipt of one that a dead worker
+   * left uncertain is not gated but left for the task's worker to run again with the same key
+   * (its runOnce declares `idempotentTool` and `onUncertain: 'retry'`).
+   */
+  idempotentTools?: readonly string[];
 }
 
 /**
@@ -99,6 +105,7 @@ const ResumeOptionsSchema = optionsSchema<ResumeOptions>()(
     leaseTtlMs: opt.ms().optional(),
     branch: opt.text().optional(),
     compensators: z.record(z.string(), opt.fn<(ctx: EffectContext) => Promise<unknown>>()).optional(),
+    idempotentTools: z.array(opt.text()).readonly().optional(),
   }),
 );
 
@@ -227,6 +234,7 @@ async function resumeHolding(taskId: string, o: ResumeOptions, lease: Lease): Pr
   // 4. Side effects, from receipts (a gate is written to the audit log under the lease).
   const receipts = await o.receipts.reconcile(taskId, {
     ...(o.compensators ? { compensators: o.compensators } : {}),
+    ...(o.idempotentTools ? { idempotentTools: o.idempotentTools } : {}),
     gate: { store: o.store, actor: o.actor, lease },
   });
   state = (await o.store.get(taskId))!;

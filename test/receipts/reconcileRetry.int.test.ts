@@ -1,0 +1,103 @@
+/**
+ * resume() settled every receipt a dead worker left started by compensating or gating it. For a
+ * tool whose own API applies an idempotency key once, the worker declares it (`idempotentTool`,
+ * `onUncertain: 'retry'`), but the receipt row does not say so: resume gated it, and the task
+ * waited for a human although its worker would have run it again safely (the failover harness
+ * saw a deploy a tester was frozen in gated in region B, the task never completing). The
+ * caller of resume now declares such tools too (`idempotentTools`).
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createReceiptStore } from '../../src/receipts/receipts.js';
+import type { RunOnceInput } from '../../src/receipts/types.js';
+import { createTaskStore } from '../../src/state/taskStore.js';
+import { AGENT, newTask } from '../state/fixtures.js';
+import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+
+let t: TestDatabase;
+beforeAll(async () => {
+  t = await createTestDatabase('reconcile_retry');
+});
+afterAll(async () => {
+  await t?.drop();
+});
+
+/** A deploy whose effect records the key it was given; `hang` keeps the first call from returning. */
+function deploy(taskId: string, keys: string[], hang?: Promise<void>): RunOnceInput<{ applied: string }> {
+  return {
+    taskId,
+    step: 'deploy',
+    tool: 'deployer',
+    args: { env: 'demo' },
+    onUncertain: 'retry',
+    idempotentTool: true,
+    effect: async ({ idempotencyKey }) => {
+      keys.push(idempotencyKey);
+      if (hang) await hang;
+      return { applied: idempotencyKey };
+    },
+  };
+}
+
+/** A worker that starts the deploy and stops answering inside it (frozen, or dead): its receipt stays started. */
+async function startedByAFrozenWorker(taskId: string, keys: string[]) {
+  await createTaskStore({ db: t.db }).create({ task: newTask(taskId), actor: AGENT });
+  let wake!: () => void;
+  const frozen = createReceiptStore({ db: t.db, worker: 'frozen' });
+  const late = frozen.runOnce(deploy(taskId, keys, new Promise<void>((r) => (wake = r))));
+  while (keys.length === 0) await new Promise((r) => setTimeout(r, 5));
+  await new Promise((r) => setTimeout(r, 20)); // older than the resumer's abandonAfterMs
+  return { late, wake };
+}
+
+describe('reconcile with idempotentTools', () => {
+  it('leaves a dead worker’s receipt of an idempotent tool uncertain; the next runOnce runs it with the same key; the frozen worker waking changes nothing', async () => {
+    const keys: string[] = [];
+    const { late, wake } = await startedByAFrozenWorker('RR-1', keys);
+    const resumer = createReceiptStore({ db: t.db, worker: 'resumer', abandonAfterMs: 10 });
+    const done = await resumer.reconcile('RR-1', { idempotentTools: ['deployer'] });
+    expect(done.map((d) => d.action)).toEqual(['retry']);
+    expect((await resumer.byTask('RR-1')).map((r) => r.status)).toEqual(['uncertain']);
+
+    const again = await resumer.runOnce(deploy('RR-1', keys));
+    expect(again.status).toBe('succeeded');
+    expect(keys).toHaveLength(2);
+    expect(keys[1]).toBe(keys[0]); // the same key: the tool applies it once
+
+    wake(); // the frozen worker finishes what it started
+    await late.catch(() => {});
+    const [row] = await resumer.byTask('RR-1');
+    expect(row).toMatchObject({ status: 'succeeded', worker: 'resumer' });
+    // Reconciled again (an operator running resume twice): nothing left to settle.
+    expect((await resumer.reconcile('RR-1', { idempotentTools: ['deployer'] })).map((d) => d.action)).toEqual(
+      ['skip'],
+    );
+    wake();
+  });
+
+  it('gates it without the declaration, and compensates it when a compensator for the tool is given as well', async () => {
+    const gatedKeys: string[] = [];
+    const gated = await startedByAFrozenWorker('RR-2', gatedKeys);
+    const resumer = createReceiptStore({ db: t.db, worker: 'resumer', abandonAfterMs: 10 });
+    expect((await resumer.reconcile('RR-2', {})).map((d) => d.action)).toEqual(['gated']);
+    expect((await resumer.reconcile('RR-2', { idempotentTools: ['other'] })).map((d) => d.action)).toEqual([
+      'settled',
+    ]);
+
+    const keys: string[] = [];
+    const compensated = await startedByAFrozenWorker('RR-3', keys);
+    let undone = 0;
+    const done = await resumer.reconcile('RR-3', {
+      idempotentTools: ['deployer'],
+      compensators: {
+        deployer: async () => {
+          undone++;
+        },
+      },
+    });
+    expect(done.map((d) => d.action)).toEqual(['compensated']);
+    expect(undone).toBe(1);
+    gated.wake();
+    compensated.wake();
+    await Promise.allSettled([gated.late, compensated.late]);
+  });
+});
