@@ -24,7 +24,8 @@ function readJson(flag: string, path: string | undefined): unknown {
 /**
  * `cairn resume <task> --workflow wf.json --policy policy.json --agent ID`: runs the resume
  * procedure from an operator's shell. Uncertain receipts are gated (a human decides): the
- * CLI has no compensation functions to run.
+ * CLI has no compensation functions to run. `--idempotent-tools a,b` names tools whose API
+ * applies an idempotency key once: their uncertain receipts are left for the worker's retry.
  */
 
 export async function resumeCommand(argv: string[]): Promise<number> {
@@ -36,6 +37,7 @@ export async function resumeCommand(argv: string[]): Promise<number> {
       policy: { type: 'string' },
       agent: { type: 'string' },
       keyring: { type: 'string' },
+      'idempotent-tools': { type: 'string' },
       actor: { type: 'string', default: `spiffe://cairn.local/operator/${process.env.USER ?? 'unknown'}` },
       json: { type: 'boolean' },
     },
@@ -43,13 +45,21 @@ export async function resumeCommand(argv: string[]): Promise<number> {
   const taskId = positionals[0];
   if (!taskId || !values.agent) {
     throw new UsageError(
-      'usage: cairn resume <task> --workflow wf.json --policy policy.json --agent ID [--keyring F] [--json]\n' +
+      'usage: cairn resume <task> --workflow wf.json --policy policy.json --agent ID [--keyring F] [--idempotent-tools a,b] [--json]\n' +
         '  (CAIRN_KEYRING: the KEK file for encrypted checkpoints; CAIRN_CHECKPOINT_KEYS: the signing key ring)',
     );
   }
   const workflowDefinition = readJson('workflow', values.workflow);
   // Validated before anything is opened: a policy that says "allowed": "false" is refused.
   const policy = parsePolicy(readJson('policy', values.policy), `policy file ${values.policy}`);
+  const idempotentTools = values['idempotent-tools']?.split(',').map((t) => t.trim());
+  if (idempotentTools?.some((t) => t === ''))
+    throw new ValidationError('cairn resume', [
+      {
+        path: '--idempotent-tools',
+        message: `${JSON.stringify(values['idempotent-tools'])} has an empty tool name`,
+      },
+    ]);
   return withDb(async (db) => {
     // The same keys the agents use: without them an encrypted checkpoint cannot be read, and
     // resume would stop (an outage) rather than resume.
@@ -64,6 +74,7 @@ export async function resumeCommand(argv: string[]): Promise<number> {
       policy: async () => policy,
       actor: values.actor!,
       agentId: values.agent!,
+      ...(idempotentTools ? { idempotentTools } : {}),
     });
     if (values.json) console.log(JSON.stringify(plan, null, 2));
     else {
