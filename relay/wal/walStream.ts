@@ -336,7 +336,13 @@ export async function startWalStream(o: {
   const started = new Promise<void>((resolve, reject) => {
     service.once('start', () => resolve());
     service.subscribe(plugin, o.slot).then(
-      () => fail(new UnavailableError('the replication stream ended')),
+      () => {
+        // Ended before it started (the connection closed before the server answered
+        // START_REPLICATION, which the library takes for a stop): the start fails, not hangs.
+        const ended = new UnavailableError('the replication stream ended');
+        reject(ended);
+        fail(ended);
+      },
       (err: Error) => {
         reject(err);
         fail(err);

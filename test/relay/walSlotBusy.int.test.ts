@@ -1,3 +1,4 @@
+import { type AddressInfo, connect, createServer, type Socket } from 'node:net';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
@@ -5,6 +6,7 @@ import { createRelay, type Relay } from '../../relay/relay.js';
 import { prepareWal } from '../../relay/wal/walSetup.js';
 import { startWalStream } from '../../relay/wal/walStream.js';
 import type { Db } from '../../src/db/database.js';
+import { UnavailableError } from '../../src/errors.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { silentLogger } from '../../src/logger.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
@@ -242,4 +244,52 @@ describe('a WAL relay started while the slot is held by a paused relay (55006)',
       await holder.stop();
     }
   }, 180_000);
+});
+
+describe('a replication connection that closes before the server answers START_REPLICATION', () => {
+  it('fails the stream’s start (UnavailableError) instead of leaving it, and the relay that awaits it, waiting for good', async () => {
+    const d = await wal.database('cut');
+    await prepareWal(d.db, { slot: d.slot, publication: 'cairn_outbox' });
+    const target = new URL(d.url);
+    // A proxy that forwards the connection until the client asks for the stream, then cuts it.
+    const sockets = new Set<Socket>();
+    const proxy = createServer((client) => {
+      const upstream = connect(Number(target.port), target.hostname);
+      sockets.add(client).add(upstream);
+      upstream.on('data', (b) => client.write(b));
+      client.on('data', (b) => {
+        if (b.includes('START_REPLICATION')) {
+          client.destroy();
+          upstream.destroy();
+        } else upstream.write(b);
+      });
+      for (const s of [client, upstream]) s.on('error', () => {}).on('close', () => sockets.delete(s));
+    });
+    await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', r));
+    const via = new URL(d.url);
+    via.port = String((proxy.address() as AddressInfo).port);
+    try {
+      const start = startWalStream({
+        connectionString: via.toString(),
+        slot: d.slot,
+        publication: 'cairn_outbox',
+        schema: await wal.outboxSchema(d.db),
+        log: silentLogger,
+      });
+      const outcome = await Promise.race([
+        start.then(
+          async (s) => {
+            await s.stop();
+            return 'started';
+          },
+          (err: Error) => err,
+        ),
+        new Promise((r) => setTimeout(() => r('still waiting after 10 s'), 10_000)),
+      ]);
+      expect(outcome).toBeInstanceOf(UnavailableError);
+    } finally {
+      for (const s of sockets) s.destroy();
+      await new Promise((r) => proxy.close(r));
+    }
+  });
 });
