@@ -350,7 +350,11 @@ export function createReceiptStoreWithTestHooks(
         {
           db,
           byTask: (id) => store.byTask(id),
-          ownerAlive,
+          ownerAlive: async (id) => {
+            const alive = await ownerAlive(id);
+            if (!alive) await hooks.afterOwnerGone?.(id);
+            return alive;
+          },
           resolveUncertain,
           worker: options.worker ?? `${hostname()}:${process.pid}`,
         },

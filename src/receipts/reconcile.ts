@@ -13,6 +13,14 @@ export interface ReconcileDeps {
   worker: string;
 }
 
+/** What a receipt another worker moved meanwhile now means for a resume. */
+function actionOf(status: ReceiptRow['status'] | undefined): ReconcileAction {
+  if (status === 'succeeded') return 'skip';
+  if (status === 'failed') return 'may_run';
+  if (status === 'compensated' || status === 'gated') return 'settled';
+  return 'in_progress';
+}
+
 /**
  * ReceiptStore.reconcile: what each receipt of a task means for a resume (skip, may run, in
  * progress, settled), settling the uncertain ones (compensate, leave for a retry, or gate) on the way.
@@ -23,12 +31,12 @@ export async function reconcileTask(
   opts: Parameters<ReceiptStore['reconcile']>[1],
 ): Promise<Array<{ receiptId: string; tool: string; step: string; action: ReconcileAction }>> {
   const out: Array<{ receiptId: string; tool: string; step: string; action: ReconcileAction }> = [];
-  for (const r of await d.byTask(taskId)) {
+  const all = await d.byTask(taskId);
+  for (const r of all) {
     if (r.step.endsWith('/compensate')) continue; // settled through the receipt it compensates
     const entry = { receiptId: r.receipt_id, tool: r.tool, step: r.step };
-    if (r.status === 'succeeded') out.push({ ...entry, action: 'skip' });
-    else if (r.status === 'failed') out.push({ ...entry, action: 'may_run' });
-    else if (r.status === 'compensated' || r.status === 'gated') out.push({ ...entry, action: 'settled' });
+    if (r.status !== 'started' && r.status !== 'uncertain' && r.status !== 'compensating')
+      out.push({ ...entry, action: actionOf(r.status) });
     else {
       // A caller that holds the task's lease (resume) settles receipts only while it still
       // does: one paused past its lease must not mark, gate or compensate another
@@ -44,20 +52,37 @@ export async function reconcileTask(
           out.push({ ...entry, action: 'in_progress' });
           continue;
         }
-        await d.db
+        // That attempt only: a live worker may have taken the receipt back meanwhile (a new
+        // attempt under its own lease), and its effect is running.
+        const marked = await d.db
           .updateTable('tool_receipt')
           .set({ status: 'uncertain' })
           .where('receipt_id', '=', r.receipt_id)
           .where('status', '=', 'started')
-          .execute();
+          .where('attempt', '=', r.attempt)
+          .returning('receipt_id')
+          .executeTakeFirst();
+        if (!marked) {
+          const now = (await d.byTask(taskId)).find((x) => x.receipt_id === r.receipt_id);
+          out.push({ ...entry, action: actionOf(now?.status) });
+          continue;
+        }
       }
       const compensate = opts.compensators?.[r.tool];
       if (r.status === 'compensating' && !compensate) {
         out.push({ ...entry, action: 'in_progress' });
         continue;
       }
-      if (!compensate && r.status !== 'compensating' && opts.idempotentTools?.includes(r.tool)) {
-        // The tool applies its key once: the worker's runOnce (onUncertain 'retry') runs it again.
+      // The tool applies its key once: the worker's runOnce (onUncertain 'retry') runs it again.
+      // Not once a compensation was tried (it failed: the receipt went back to uncertain): the
+      // effect was meant to be undone, not done again; a human decides.
+      const undoTried = all.some((c) => c.step === `${r.step}/compensate`);
+      if (
+        !compensate &&
+        r.status !== 'compensating' &&
+        !undoTried &&
+        opts.idempotentTools?.includes(r.tool)
+      ) {
         out.push({ ...entry, action: 'retry' });
         continue;
       }

@@ -181,4 +181,6 @@ export interface ReceiptTestHooks {
   afterEffect?(): void | Promise<void>;
   /** After a receipt was claimed for compensation, before the compensation runs. */
   afterCompensationClaim?(): void | Promise<void>;
+  /** reconcile: a started receipt's owner was found gone, before the receipt is marked uncertain. */
+  afterOwnerGone?(receiptId: string): void | Promise<void>;
 }

@@ -2,7 +2,14 @@ import { z } from 'zod';
 import { canonicalBytes, sha256 } from '../canonical.js';
 import type { Checkpointer, StoredCheckpoint } from '../checkpoints/checkpoints.js';
 import type { Db } from '../db/database.js';
-import { CairnError, LeaseHeldError, NotFoundError, UnavailableError, ValidationError } from '../errors.js';
+import {
+  CairnError,
+  CairnErrorCodes,
+  LeaseHeldError,
+  NotFoundError,
+  UnavailableError,
+  ValidationError,
+} from '../errors.js';
 import type { Lease, LeaseManager } from '../leases/leases.js';
 import { objectWith, opt, optionsSchema, parseOptions } from '../options.js';
 import type { EffectContext, ReceiptStore, ReconcileAction } from '../receipts/receipts.js';
@@ -149,6 +156,20 @@ async function resumeHolding(taskId: string, o: ResumeOptions, lease: Lease): Pr
   if (isTerminal(state.status)) {
     await o.leases.release(lease);
     return { taskId, outcome: 'terminal', skipped: [], receipts: [], pendingMessages: [], state };
+  }
+  // A task held after a failover stays as it was held: not even its receipts are settled.
+  const held = await o.db
+    .selectFrom('task_quarantine')
+    .select(['reason', 'placed_at'])
+    .where('task_id', '=', taskId)
+    .where('released_at', 'is', null)
+    .executeTakeFirst();
+  if (held) {
+    throw new CairnError(
+      CairnErrorCodes.Quarantined,
+      `task ${taskId} is held since ${held.placed_at.toISOString()} (${held.reason}): resume wrote nothing; ` +
+        'release it first (cairn failover release)',
+    );
   }
 
   // Read (and validate) the current policy before anything is written.

@@ -7,7 +7,7 @@
  * caller of resume now declares such tools too (`idempotentTools`).
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createReceiptStore } from '../../src/receipts/receipts.js';
+import { createReceiptStore, createReceiptStoreWithTestHooks } from '../../src/receipts/receipts.js';
 import type { RunOnceInput } from '../../src/receipts/types.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
@@ -64,14 +64,61 @@ describe('reconcile with idempotentTools', () => {
     expect(keys[1]).toBe(keys[0]); // the same key: the tool applies it once
 
     wake(); // the frozen worker finishes what it started
-    await late.catch(() => {});
+    // It is told the receipt's outcome; its own result is not recorded over the retry's.
+    expect(await late).toMatchObject({ status: 'succeeded', ran: false });
     const [row] = await resumer.byTask('RR-1');
     expect(row).toMatchObject({ status: 'succeeded', worker: 'resumer' });
     // Reconciled again (an operator running resume twice): nothing left to settle.
     expect((await resumer.reconcile('RR-1', { idempotentTools: ['deployer'] })).map((d) => d.action)).toEqual(
       ['skip'],
     );
-    wake();
+  });
+
+  it('does not mark uncertain (nor gate) the new attempt of a live worker that took the receipt back after reconcile found its owner gone', async () => {
+    const keys: string[] = [];
+    const frozen = await startedByAFrozenWorker('RR-4', keys);
+    let finish!: () => void;
+    const running = new Promise<void>((r) => (finish = r));
+    let live: Promise<unknown> | undefined;
+    const resumer = createReceiptStoreWithTestHooks(
+      { db: t.db, worker: 'resumer', abandonAfterMs: 10 },
+      {
+        // Between reconcile's look at the owner and its mark: a live worker takes the receipt
+        // back (attempt 2) and its effect is running.
+        afterOwnerGone: async () => {
+          const w2 = createReceiptStore({ db: t.db, worker: 'w2', abandonAfterMs: 10 });
+          live = w2.runOnce(deploy('RR-4', keys, running));
+          while (keys.length < 2) await new Promise((r) => setTimeout(r, 5));
+        },
+      },
+    );
+    const done = await resumer.reconcile('RR-4', {});
+    expect(done.map((d) => d.action)).toEqual(['in_progress']);
+    expect((await resumer.byTask('RR-4'))[0]).toMatchObject({ status: 'started', attempt: 2, worker: 'w2' });
+    finish();
+    expect(await live).toMatchObject({ status: 'succeeded' });
+    frozen.wake();
+    await frozen.late.catch(() => {});
+    expect((await resumer.byTask('RR-4'))[0]).toMatchObject({ status: 'succeeded', attempt: 2 });
+  });
+
+  it('gates, not leaves for a retry, a receipt whose compensation was tried and failed (the effect was meant to be undone)', async () => {
+    const keys: string[] = [];
+    const frozen = await startedByAFrozenWorker('RR-5', keys);
+    const resumer = createReceiptStore({ db: t.db, worker: 'resumer', abandonAfterMs: 10 });
+    const failedUndo = await resumer.reconcile('RR-5', {
+      compensators: {
+        deployer: async () => {
+          throw new Error('the undo API refused');
+        },
+      },
+    });
+    expect(failedUndo).toHaveLength(1);
+    expect((await resumer.byTask('RR-5')).find((r) => r.step === 'deploy')?.status).toBe('uncertain');
+    const next = await resumer.reconcile('RR-5', { idempotentTools: ['deployer'] });
+    expect(next.map((d) => d.action)).toEqual(['gated']);
+    frozen.wake();
+    await frozen.late.catch(() => {});
   });
 
   it('gates it without the declaration, and compensates it when a compensator for the tool is given as well', async () => {
