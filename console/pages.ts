@@ -4,7 +4,14 @@ import type { ParkedKey } from '../src/outbox/operator.js';
 import { STATUSES } from '../src/schemas/taskState.js';
 import type { ActionResult } from './actions.js';
 import type { ConsoleUser } from './auth.js';
-import type { BusPage, gatesPage, TaskFilter, TaskListRow, taskPage } from './queries.js';
+import {
+  type BusPage,
+  type gatesPage,
+  RETRY_OVERDUE_MINUTES,
+  type TaskFilter,
+  type TaskListRow,
+  type taskPage,
+} from './queries.js';
 
 /**
  * Server-rendered pages. Every value goes through hono's `html` template, which escapes it:
@@ -185,6 +192,13 @@ ${action(v, 'receipt.resolve', 'It ran (mark succeeded)', { receipt_id: r.receip
 ${action(v, 'receipt.resolve', 'Compensated (it was undone)', { receipt_id: r.receipt_id, outcome: 'compensated' }, { reason: true })}
 ${action(v, 'receipt.resolve', 'It did not run', { receipt_id: r.receipt_id, outcome: 'failed' }, { reason: true })}</article>`;
 })}
+<h2>Uncertain, waiting for a retry</h2>${g.waiting.length === 0 ? html`<p>No receipt has waited more than ${RETRY_OVERDUE_MINUTES} minutes for its retry.</p>` : html`<p>A resume left these for their worker to run again with the same key (their tool declared idempotent); none has yet. If none will (the task cancelled, the workflow changed), resume the task without the declaration: they are gated here.</p>`}
+<table id="waiting">${g.waiting.map(
+      (
+        r,
+      ) => html`<tr data-receipt="${r.receipt_id}"><td><a href="/tasks/${encodeURIComponent(r.task_id)}">${r.task_id}</a></td><td>${r.tool}</td><td>${r.step}</td>
+<td>attempt #${r.attempt} by ${r.worker}</td><td>started ${when(r.started_at)}</td><td>${r.resolution ?? ''}</td></tr>`,
+    )}</table>
 <h2>Quarantined tasks</h2>${g.quarantined.length === 0 ? html`<p>No task is quarantined.</p>` : ''}
 <table id="quarantined">${g.quarantined.map(
       (

@@ -187,10 +187,22 @@ export async function busPage(s: Scope): Promise<BusPage> {
   };
 }
 
-/** The humans-in-the-loop page: gated receipts, quarantined tasks, legal holds. */
+/** How long a receipt stays uncertain before the humans' page shows it as waiting for a retry. */
+export const RETRY_OVERDUE_MINUTES = 5;
+
+/**
+ * The humans-in-the-loop page: gated receipts, receipts left uncertain for a retry that has not
+ * come (a resume declared their tool idempotent and no worker ran them again), quarantined
+ * tasks, legal holds.
+ */
 export async function gatesPage(s: Scope) {
-  const [gated, quarantined, holds] = await Promise.all([
+  const [gated, waiting, quarantined, holds] = await Promise.all([
     receiptRows(s.db).where('status', '=', 'gated').orderBy('started_at').execute(),
+    receiptRows(s.db)
+      .where('status', '=', 'uncertain')
+      .where('started_at', '<', sql<Date>`now() - make_interval(mins => ${RETRY_OVERDUE_MINUTES})`)
+      .orderBy('started_at')
+      .execute(),
     s.db
       .selectFrom('task_quarantine')
       .selectAll()
@@ -210,7 +222,7 @@ export async function gatesPage(s: Scope) {
         )
         .execute()
     : [];
-  return { gated, quarantined, holds, leases };
+  return { gated, waiting, quarantined, holds, leases };
 }
 
 /** A gated receipt visible to this scope, or undefined. */

@@ -1,8 +1,11 @@
 import { randomUUID } from 'node:crypto';
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ACTION_NAMES } from '../../console/actions.js';
 import { type RunningConsole, startConsole } from '../../console/server.js';
 import { registerTenant } from '../../src/db/tenant.js';
+import { createTaskStore } from '../../src/state/taskStore.js';
+import { AGENT, newTask } from '../state/fixtures.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 import { basic, formOf, gatedTask, TOKENS, USERS } from './fixtures.js';
 
@@ -46,6 +49,36 @@ async function receiptRow(taskId: string) {
 }
 const actionsRecorded = async () =>
   (await tdb.db.selectFrom('console_action').selectAll().orderBy('id').execute()).length;
+
+describe('cairn console: receipts left for a retry', () => {
+  it('lists, for its tenant only, an uncertain receipt no worker has run again for more than 5 minutes; not one just left', async () => {
+    const store = createTaskStore({ db: tdb.db });
+    const uncertain = async (taskId: string, tenant: string, startedAgo: string) => {
+      await store.create({ task: newTask(taskId, { tenant_id: tenant }), actor: AGENT });
+      const { rows } = await sql<{ receipt_id: string }>`
+        INSERT INTO tool_receipt (receipt_id, idempotency_key, task_id, step, tool, args_digest, status, worker, started_at)
+        VALUES (gen_random_uuid(), ${`${taskId}/deploy`}, ${taskId}, 'deploy', 'deployer', 'sha256:aa', 'started', 'gone',
+                now() - ${startedAgo}::interval)
+        RETURNING receipt_id`.execute(tdb.db);
+      await sql`UPDATE tool_receipt SET status = 'uncertain' WHERE receipt_id = ${rows[0]!.receipt_id}`.execute(
+        tdb.db,
+      );
+      return rows[0]!.receipt_id;
+    };
+    const overdue = await uncertain('a-9', 'tenant-a', '1 hour');
+    const fresh = await uncertain('a-8', 'tenant-a', '10 seconds');
+    const other = await uncertain('b-9', 'tenant-b', '1 hour');
+    const waiting = (page: string) =>
+      page.slice(page.indexOf('waiting for a retry'), page.indexOf('Quarantined tasks'));
+
+    const forA = waiting(await (await get('/humans', basic('opsA'))).text());
+    expect(forA).toContain(overdue);
+    expect(forA).toContain('/tasks/a-9');
+    expect(forA).not.toContain(fresh);
+    expect(forA).not.toContain(other);
+    expect(waiting(await (await get('/humans', basic('root'))).text())).toContain(other);
+  });
+});
 
 describe('cairn console: access', () => {
   it('no anonymous access: every page and action answers 401 without credentials, with a wrong token, or an unknown bearer', async () => {
