@@ -5,15 +5,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
-import { createRelay } from '../../relay/relay.js';
 import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
 import { createTenantKeys, type TenantKeys } from '../../src/crypto/tenantKeys.js';
 import type { Db } from '../../src/db/database.js';
 import { UnavailableError } from '../../src/errors.js';
-import { createKafkaAdmin } from '../../src/kafka/admin.js';
-import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
+import { kafkaClient } from '../../src/kafka/publisher.js';
 import { createReceiptStore } from '../../src/receipts/receipts.js';
 import { type ReplayChangelogOptions, replayChangelog } from '../../src/recovery/replayChangelog.js';
 import {
@@ -26,36 +24,20 @@ import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask, planApproved } from '../state/fixtures.js';
 import { cairnBundle } from '../support/cli.js';
 import { switchableProvider } from '../support/keyProviders.js';
-import {
-  createTestDatabase,
-  createTestTopic,
-  kafkaBrokers,
-  type TestDatabase,
-} from '../support/testDatabase.js';
-import { waitFor } from '../support/topicReader.js';
+import { createTestTopic, kafkaBrokers } from '../support/testDatabase.js';
 import { runRegionAAgent } from './regionAgent.js';
+import { clock, publishAll, useTwoRegions } from './twoRegions.js';
 
 /**
  * Issue 20. Region A and region B are two databases: both run the same changes up to the cut
  * (same clock, so the same documents: B is A's replica), then A goes on alone and its relay
  * publishes, changelog included. B then replays what it lost from the topic.
  */
-let a: TestDatabase;
-let b: TestDatabase;
+const dbs = useTwoRegions('changelog');
 const kafka = kafkaClient(kafkaBrokers(), 'changelog-test');
 /** What the replay reads the broker with (the client CAIRN_KAFKA_CLIENT names). */
-const reader = createKafkaAdmin({ brokers: kafkaBrokers(), clientId: 'changelog-test-reader' });
+const reader = dbs.reader;
 const ring = { current: 'k1', keys: { k1: randomBytes(32) } };
-const clock = () => new Date('2026-12-01T00:00:00.000Z');
-
-beforeAll(async () => {
-  [a, b] = await Promise.all([createTestDatabase('changelog_a'), createTestDatabase('changelog_b')]);
-});
-afterAll(async () => {
-  await reader.close();
-  await a?.drop();
-  await b?.drop();
-});
 
 /** A pair of stores, region A's and region B's, writing the same changelog topic. */
 async function regions(changelog: Omit<ChangelogOptions, 'topic'> = {}, keys?: [TenantKeys, TenantKeys]) {
@@ -70,30 +52,17 @@ async function regions(changelog: Omit<ChangelogOptions, 'topic'> = {}, keys?: [
       changelog: { topic, ...changelog },
       ...(k ? { keys: k } : {}),
     });
-  return { topic, stage, A: store(a.db, keys?.[0]), B: store(b.db, keys?.[1]) };
+  return { topic, stage, A: store(dbs.a.db, keys?.[0]), B: store(dbs.b.db, keys?.[1]) };
 }
 
 async function both(stores: TaskStore[], f: (s: TaskStore) => Promise<unknown>) {
   for (const s of stores) await f(s);
 }
 
-async function publishA(): Promise<void> {
-  const relay = createRelay({ db: a.db, publisher: createKafkaPublisher({ brokers: kafkaBrokers() }) });
-  const running = relay.run();
-  try {
-    await waitFor(
-      "region A's outbox to be published",
-      async () =>
-        (await sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox`.execute(a.db)).rows[0]!.n === 0,
-    );
-  } finally {
-    await relay.stop();
-    await running;
-  }
-}
+const publishA = () => publishAll(dbs.a.db, "region A's outbox");
 
 const replay = (topic: string, extra: Partial<ReplayChangelogOptions> = {}) =>
-  replayChangelog(b.db, reader, {
+  replayChangelog(dbs.b.db, reader, {
     topic,
     actor: 'spiffe://acme.example/operator',
     deadlineMs: 30_000,
@@ -169,11 +138,11 @@ describe('changelog replay after an asynchronous failover', () => {
       { taskId: 'CL-2', tenantId: 'acme', from: 0, to: 1 },
     ]);
     for (const id of ['CL-1', 'CL-2']) {
-      const [inA, inB] = [await docOf(a.db, id), await docOf(b.db, id)];
+      const [inA, inB] = [await docOf(dbs.a.db, id), await docOf(dbs.b.db, id)];
       expect(inB?.version).toBe(inA?.version);
       expect(stateDigest(inB?.doc)).toBe(stateDigest(inA?.doc));
     }
-    const audit = await b.db
+    const audit = await dbs.b.db
       .selectFrom('task_audit')
       .select(['version', 'actor', 'reason'])
       .where('task_id', '=', 'CL-1')
@@ -191,7 +160,7 @@ describe('changelog replay after an asynchronous failover', () => {
     expect(second.incomplete).toEqual([]);
     expect(second.upToDate).toBe(2);
     expect(
-      await b.db.selectFrom('task_audit').select('version').where('task_id', '=', 'CL-1').execute(),
+      await dbs.b.db.selectFrom('task_audit').select('version').where('task_id', '=', 'CL-1').execute(),
     ).toHaveLength(3);
   });
 
@@ -210,11 +179,11 @@ describe('changelog replay after an asynchronous failover', () => {
     }
     // GAP: version 2's record never left region A (lost, or not mirrored yet).
     await sql`DELETE FROM outbox WHERE task_id = 'GAP' AND task_version = 2 AND topic = ${topic}`.execute(
-      a.db,
+      dbs.a.db,
     );
     // FORGED: version 2's record rewritten in the outbox (its patch says something else).
     await sql`UPDATE outbox SET payload = convert_to(replace(convert_from(payload, 'UTF8'), 's3://plans/1', 's3://plans/evil'), 'UTF8')
-               WHERE task_id = 'FORGED' AND task_version = 2 AND topic = ${topic}`.execute(a.db);
+               WHERE task_id = 'FORGED' AND task_version = 2 AND topic = ${topic}`.execute(dbs.a.db);
     await publishA();
     // REORDERED: version 3's record presented as version 2 (headers included), before the real one.
     const records = await recordsOn(topic);
@@ -241,7 +210,7 @@ describe('changelog replay after an asynchronous failover', () => {
       /follows a state/,
     );
     for (const id of ['GAP', 'FORGED', 'REORDERED-2']) {
-      expect((await docOf(b.db, id))?.version).toBe(1);
+      expect((await docOf(dbs.b.db, id))?.version).toBe(1);
     }
   });
 
@@ -261,7 +230,7 @@ describe('changelog replay after an asynchronous failover', () => {
       expect.stringMatching(/records of tenant tenant-a for task VICTIM, a task of another tenant/),
     ]);
     expect(r.rebuilt).toEqual([{ taskId: 'VICTIM', tenantId: 'tenant-b', from: 1, to: 2 }]);
-    expect((await docOf(b.db, 'VICTIM'))?.version).toBe(2);
+    expect((await docOf(dbs.b.db, 'VICTIM'))?.version).toBe(2);
   });
 
   it('a task retention deleted here is not brought back by its records still on the topic', async () => {
@@ -271,32 +240,32 @@ describe('changelog replay after an asynchronous failover', () => {
     await sql`INSERT INTO deletion_certificate (certificate_id, run_id, tenant_id, body, digest)
               VALUES (gen_random_uuid(), gen_random_uuid(), 'acme',
                       ${JSON.stringify({ tasks: [{ task_id: 'DELETED-1', version: 1 }] })}::jsonb, 'sha256:x')`.execute(
-      b.db,
+      dbs.b.db,
     );
     const r = await replay(topic);
     expect(r.rebuilt).toEqual([]);
     expect(r.refused).toEqual([
       { at: expect.any(String), reason: expect.stringMatching(/DELETED-1 .* deleted by retention here/) },
     ]);
-    expect(await docOf(b.db, 'DELETED-1')).toBeUndefined();
+    expect(await docOf(dbs.b.db, 'DELETED-1')).toBeUndefined();
   });
 
   it('records are encrypted with the tenant key; shredding the key makes them unreadable', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'cairn-changelog-keys-'));
     writeKeyring(join(dir, 'keyring.json'));
-    const keysA = createTenantKeys({ db: a.db, provider: localKeyring(join(dir, 'keyring.json')) });
+    const keysA = createTenantKeys({ db: dbs.a.db, provider: localKeyring(join(dir, 'keyring.json')) });
     const kms = switchableProvider(localKeyring(join(dir, 'keyring.json')));
-    const keysB = createTenantKeys({ db: b.db, provider: kms.provider });
+    const keysB = createTenantKeys({ db: dbs.b.db, provider: kms.provider });
     await keysA.addTenant('enc');
     // Region B is A's replica: the same wrapped data key.
-    const key = await a.db
+    const key = await dbs.a.db
       .selectFrom('tenant_key')
       .selectAll()
       .where('tenant_id', '=', 'enc')
       .executeTakeFirstOrThrow();
     await keysB.addTenant('enc');
-    await b.db.deleteFrom('tenant_key').where('tenant_id', '=', 'enc').execute();
-    await b.db.insertInto('tenant_key').values(key).execute();
+    await dbs.b.db.deleteFrom('tenant_key').where('tenant_id', '=', 'enc').execute();
+    await dbs.b.db.insertInto('tenant_key').values(key).execute();
     const { topic, A, B } = await regions({}, [keysA, keysB]);
     await both([A, B], (s) => s.create({ task: newTask('ENC-1', { tenant_id: 'enc' }), actor: AGENT }));
     await A.update({
@@ -317,21 +286,21 @@ describe('changelog replay after an asynchronous failover', () => {
     expect(JSON.parse(raw.at(-1)!)).toMatchObject({ sealed: { key_id: key.key_id } });
     // No keys configured is an outage of configuration, not a bad record: nothing concluded.
     await expect(replay(topic)).rejects.toThrow(/encrypted and no tenant keys were given/);
-    await sql`DELETE FROM tenant_key WHERE tenant_id = 'enc'`.execute(b.db);
+    await sql`DELETE FROM tenant_key WHERE tenant_id = 'enc'`.execute(dbs.b.db);
     const shredded = await replay(topic, { keys: keysB });
     expect(shredded.incomplete[0]?.reason).toMatch(/cannot be read/);
-    await b.db.insertInto('tenant_key').values(key).execute();
+    await dbs.b.db.insertInto('tenant_key').values(key).execute();
     // The key provider down is an outage, not a bad record: the replay stops, nothing written.
     // (A fresh process's keys: region B's store above has the data key unwrapped already.)
-    const replayKeys = createTenantKeys({ db: b.db, provider: kms.provider });
+    const replayKeys = createTenantKeys({ db: dbs.b.db, provider: kms.provider });
     kms.s.down = true;
     await expect(replay(topic, { keys: replayKeys })).rejects.toBeInstanceOf(UnavailableError);
-    expect((await docOf(b.db, 'ENC-1'))?.version).toBe(1);
+    expect((await docOf(dbs.b.db, 'ENC-1'))?.version).toBe(1);
     kms.s.down = false;
     const readable = await replay(topic, { keys: replayKeys });
     expect(readable.rebuilt).toEqual([{ taskId: 'ENC-1', tenantId: 'enc', from: 1, to: 2 }]);
-    expect(stateDigest((await docOf(b.db, 'ENC-1'))?.doc)).toBe(
-      stateDigest((await docOf(a.db, 'ENC-1'))?.doc),
+    expect(stateDigest((await docOf(dbs.b.db, 'ENC-1'))?.doc)).toBe(
+      stateDigest((await docOf(dbs.a.db, 'ENC-1'))?.doc),
     );
   });
 
@@ -354,7 +323,7 @@ describe('changelog replay after an asynchronous failover', () => {
           return { deployed: true };
         },
       });
-    const r = await deploy(a.db, 'tester-a');
+    const r = await deploy(dbs.a.db, 'tester-a');
     expect(r.status).toBe('succeeded');
     const producer = kafka.producer();
     await producer.connect();
@@ -365,7 +334,7 @@ describe('changelog replay after an asynchronous failover', () => {
       ],
     });
     await producer.disconnect();
-    const group = await runRegionAAgent({ db: a.db, store: A, topic: stage, applied: 1 });
+    const group = await runRegionAAgent({ db: dbs.a.db, store: A, topic: stage, applied: 1 });
     await A.update({ taskId: 'RC-GAP', expectedVersion: 1, patch: planApproved(), actor: AGENT });
     await A.update({
       taskId: 'RC-GAP',
@@ -374,14 +343,14 @@ describe('changelog replay after an asynchronous failover', () => {
       actor: AGENT,
     });
     await sql`DELETE FROM outbox WHERE task_id = 'RC-GAP' AND task_version = 2 AND topic = ${topic}`.execute(
-      a.db,
+      dbs.a.db,
     );
     await publishA();
 
     const cli = (...args: string[]) =>
       promisify(execFile)(process.execPath, [cairnBundle(), 'failover', 'replay', ...args], {
         cwd: repoRoot,
-        env: { ...process.env, KAFKA_BROKERS: kafkaBrokers().join(','), DATABASE_URL: b.url },
+        env: { ...process.env, KAFKA_BROKERS: kafkaBrokers().join(','), DATABASE_URL: dbs.b.url },
       }).then(
         (o) => ({ code: 0, stdout: o.stdout }),
         (e: { code: number; stdout: string }) => ({ code: e.code, stdout: e.stdout }),
@@ -402,18 +371,18 @@ describe('changelog replay after an asynchronous failover', () => {
       restoredInboxRows: 1,
       restoredReceipts: 1,
     });
-    const inbox = await b.db
+    const inbox = await dbs.b.db
       .selectFrom('inbox')
       .select(['message_id', 'tenant_id'])
       .where('consumer_group', '=', group)
       .execute();
     expect(inbox).toEqual([{ message_id: 'go-RC-1', tenant_id: 'acme' }]);
     // Region B's tester asks for the same deploy: the restored receipt says it ran; it does not run again.
-    const again = await deploy(b.db, 'tester-b');
+    const again = await deploy(dbs.b.db, 'tester-b');
     expect(again).toMatchObject({ status: 'succeeded', result: { deployed: true } }); // not only its digest
     expect(ran).toBe(1);
     expect(
-      await b.db
+      await dbs.b.db
         .selectFrom('task_quarantine')
         .select('task_id')
         .where('released_at', 'is', null)
@@ -451,7 +420,7 @@ describe('changelog replay after an asynchronous failover', () => {
     });
     // Mallory's own task, changed in a "handler" that claims acme's message (its own SQL could
     // write such a row; here through the library's own mark).
-    await a.db.transaction().execute(async (trx) => {
+    await dbs.a.db.transaction().execute(async (trx) => {
       const mark = consumptionMark(trx);
       mark.applying(consumedAs('acme-msg'));
       const u = await A.update({
@@ -465,7 +434,7 @@ describe('changelog replay after an asynchronous failover', () => {
       await mark.finish();
     });
     // One message's handler changed two tasks; one record is lost.
-    await a.db.transaction().execute(async (trx) => {
+    await dbs.a.db.transaction().execute(async (trx) => {
       const mark = consumptionMark(trx);
       mark.applying(consumedAs('fan-msg'));
       for (const id of ['FAN-1', 'FAN-2']) {
@@ -480,7 +449,7 @@ describe('changelog replay after an asynchronous failover', () => {
       }
       await mark.finish();
     });
-    await sql`DELETE FROM outbox WHERE task_id = 'FAN-2' AND topic = ${topic}`.execute(a.db);
+    await sql`DELETE FROM outbox WHERE task_id = 'FAN-2' AND topic = ${topic}`.execute(dbs.a.db);
     await publishA();
     const r = await replay(topic);
     expect(r.rebuilt.map((t) => t.taskId)).toEqual(['FAN-1', 'MAL-1']);
@@ -488,7 +457,7 @@ describe('changelog replay after an asynchronous failover', () => {
     expect(r.restoredInboxRows).toBe(0);
     expect(r.inboxRowsNotRestored).toBe(2);
     expect(
-      await b.db.selectFrom('inbox').select('message_id').where('consumer_group', '=', 'G').execute(),
+      await dbs.b.db.selectFrom('inbox').select('message_id').where('consumer_group', '=', 'G').execute(),
     ).toEqual([]);
   });
 
@@ -498,10 +467,10 @@ describe('changelog replay after an asynchronous failover', () => {
       await both([A, B], (s) => s.create({ task: newTask(id), actor: AGENT }));
     await A.update({ taskId: 'OK-T', expectedVersion: 1, patch: planApproved(), actor: AGENT });
     await A.update({ taskId: 'GONE-T', expectedVersion: 1, patch: planApproved(), actor: AGENT });
-    await sql`DELETE FROM task_state WHERE task_id = 'GONE-T'`.execute(b.db);
+    await sql`DELETE FROM task_state WHERE task_id = 'GONE-T'`.execute(dbs.b.db);
     await publishA();
     // A record with a valid chain and digests for a transition the state machine forbids.
-    const prev = (await docOf(b.db, 'FORGED-T'))!.doc as Record<string, unknown>;
+    const prev = (await docOf(dbs.b.db, 'FORGED-T'))!.doc as Record<string, unknown>;
     const next = { ...prev, version: 2, status: 'complete' };
     const fjp = (await import('fast-json-patch')).default;
     await produce(topic, {

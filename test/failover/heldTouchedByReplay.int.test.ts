@@ -1,22 +1,14 @@
 import { randomBytes } from 'node:crypto';
 import { sql } from 'kysely';
-import { afterAll, beforeAll, expect, it } from 'vitest';
-import { createRelay } from '../../relay/relay.js';
+import { expect, it } from 'vitest';
 import { heldTasksTouched } from '../../scripts/failover/evidence.js';
 import type { Db } from '../../src/db/database.js';
-import { createKafkaAdmin } from '../../src/kafka/admin.js';
-import { createKafkaPublisher } from '../../src/kafka/publisher.js';
 import { checkAfterFailover, quarantine } from '../../src/recovery/failover.js';
 import { replayChangelog } from '../../src/recovery/replayChangelog.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask, planApproved } from '../state/fixtures.js';
-import {
-  createTestDatabase,
-  createTestTopic,
-  kafkaBrokers,
-  type TestDatabase,
-} from '../support/testDatabase.js';
-import { waitFor } from '../support/topicReader.js';
+import { createTestTopic } from '../support/testDatabase.js';
+import { clock, publishAll, useTwoRegions } from './twoRegions.js';
 
 /**
  * The failover harness once failed "held tasks untouched in region B: 1 changed": a task the
@@ -26,35 +18,8 @@ import { waitFor } from '../support/topicReader.js';
  * harness counted them as a change of a held task. Nothing touched it after the hold, which is
  * what the harness checks now (scripts/failover/evidence.ts heldTasksTouched).
  */
-let a: TestDatabase;
-let b: TestDatabase;
-const reader = createKafkaAdmin({ brokers: kafkaBrokers(), clientId: 'held-touched-test' });
+const regions = useTwoRegions('held_touched');
 const ring = { current: 'k1', keys: { k1: randomBytes(32) } };
-const clock = () => new Date('2026-12-01T00:00:00.000Z');
-
-beforeAll(async () => {
-  [a, b] = await Promise.all([createTestDatabase('held_touched_a'), createTestDatabase('held_touched_b')]);
-});
-afterAll(async () => {
-  await reader.close();
-  await a?.drop();
-  await b?.drop();
-});
-
-async function publish(db: Db): Promise<void> {
-  const relay = createRelay({ db, publisher: createKafkaPublisher({ brokers: kafkaBrokers() }) });
-  const running = relay.run();
-  try {
-    await waitFor(
-      'the outbox to be published',
-      async () =>
-        (await sql<{ n: number }>`SELECT count(*)::int AS n FROM outbox`.execute(db)).rows[0]!.n === 0,
-    );
-  } finally {
-    await relay.stop();
-    await running;
-  }
-}
 
 /** The harness's old check: anything written since the promotion. */
 const touchedSince = async (db: Db, since: Date, held: string[]) =>
@@ -67,6 +32,7 @@ const touchedSince = async (db: Db, since: Date, held: string[]) =>
   ).rows.map((r) => r.task_id);
 
 it('a task rebuilt in part by the replay, then held by the check, is untouched since its hold (the replay wrote before it); a change after the hold is counted', async () => {
+  const { a, b, reader } = regions;
   const topic = await createTestTopic('held-touched-changelog', 1);
   const stage = await createTestTopic('held-touched-stage', 1);
   const store = (db: Db) => createTaskStore({ db, clock, changelog: { topic, keyRing: ring } });
@@ -102,7 +68,7 @@ it('a task rebuilt in part by the replay, then held by the check, is untouched s
   await sql`DELETE FROM outbox WHERE task_id = 'HT-1' AND task_version = 3 AND topic = ${topic}`.execute(
     a.db,
   );
-  await publish(a.db);
+  await publishAll(a.db);
 
   const promotedAt = new Date();
   await new Promise((r) => setTimeout(r, 20));
