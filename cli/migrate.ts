@@ -1,6 +1,7 @@
 import { parseArgs } from 'node:util';
 import { migrateToLatest, migrationStatus } from '../src/db/migrate.js';
 import { schemaOf } from '../src/db/tenant.js';
+import { COMMAND_LOCKS, sayingWhoHolds } from './lockWait.js';
 import { line, printResult } from './output.js';
 import { withDb } from './withDb.js';
 
@@ -21,7 +22,7 @@ export async function migrateCommand(argv: string[]): Promise<number> {
       });
       return 0;
     }
-    const ran = await migrateToLatest(db);
+    const ran = await sayingWhoHolds(db, { migration: COMMAND_LOCKS.migration }, () => migrateToLatest(db));
     const schema = schemaOf(db);
     printResult(values.json, { schema, ran }, () => {
       if (ran.length === 0) console.log(line`schema ${schema} is up to date; no migration ran`);

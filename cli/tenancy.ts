@@ -3,6 +3,7 @@ import { localKeyring, writeKeyring } from '../src/crypto/keyProvider.js';
 import { createTenantKeys } from '../src/crypto/tenantKeys.js';
 import { annotate, listHolds, placeHold, releaseHold } from '../src/retention/holds.js';
 import { runRetention, setRetentionPolicy } from '../src/retention/retention.js';
+import { COMMAND_LOCKS, sayingWhoHolds } from './lockWait.js';
 import { line, printResult, UsageError } from './output.js';
 import { withDb } from './withDb.js';
 
@@ -64,7 +65,11 @@ export async function tenantCommand(argv: string[]): Promise<number> {
   return withDb(async (db) => {
     const keys = createTenantKeys({ db, provider });
     if (sub === 'add') {
-      const r = await keys.addTenant(tenant);
+      const r = await sayingWhoHolds(
+        db,
+        { 'tenant registration': COMMAND_LOCKS['tenant registration'] },
+        () => keys.addTenant(tenant),
+      );
       printResult(values.json, { tenant_id: tenant, ...r }, () =>
         console.log(
           line`${tenant}: ${r.created ? 'registered, data key' : 'already registered, data key'} ${r.keyId}`,
