@@ -1,5 +1,6 @@
 import type { Db } from '../src/db/database.js';
 import { messageOf } from '../src/errors.js';
+import { isPoisonError } from '../src/kafka/classifyError.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import type { Logger } from '../src/logger.js';
 import { DLQ_HEADER, HEADER } from '../src/outbox/wire.js';
@@ -36,27 +37,38 @@ export function deadLetterer(o: {
       });
       await connected;
       // Publish first, then record: a crash in between re-sends the same dead letter (same message id), never loses it.
-      await o.publisher.publish([
-        {
-          topic: `${m.topic}.dlq`,
-          key: m.key ?? m.messageId,
-          value: m.value ?? Buffer.alloc(0),
-          headers: {
-            ...m.headers,
-            [HEADER.messageId]: m.messageId,
-            [DLQ_HEADER.error]: message.slice(0, 2000),
-            [DLQ_HEADER.consumerGroup]: o.groupId,
-            [DLQ_HEADER.originalTopic]: m.topic,
-            [DLQ_HEADER.originalPartition]: String(m.partition),
-            [DLQ_HEADER.originalOffset]: m.offset,
-            [DLQ_HEADER.attempts]: String(attempts),
+      let notSent = '';
+      await o.publisher
+        .publish([
+          {
+            topic: `${m.topic}.dlq`,
+            key: m.key ?? m.messageId,
+            value: m.value ?? Buffer.alloc(0),
+            headers: {
+              ...m.headers,
+              [HEADER.messageId]: m.messageId,
+              [DLQ_HEADER.error]: message.slice(0, 2000),
+              [DLQ_HEADER.consumerGroup]: o.groupId,
+              [DLQ_HEADER.originalTopic]: m.topic,
+              [DLQ_HEADER.originalPartition]: String(m.partition),
+              [DLQ_HEADER.originalOffset]: m.offset,
+              [DLQ_HEADER.attempts]: String(attempts),
+            },
           },
-        },
-      ]);
+        ])
+        .catch((err: unknown) => {
+          // The broker refuses this dead letter for good (larger than the .dlq topic takes, the
+          // topic not ours to write): thrown, it failed the batch, and the message ran again at
+          // every restart of the consumer, for ever. Recorded without it, the partition moves on;
+          // `cairn inbox dlq` lists it and `cairn inbox replay` applies it once it is fixed.
+          if (!isPoisonError(err)) throw err;
+          notSent = ` (not sent to ${m.topic}.dlq, which the broker refuses: ${messageOf(err)})`;
+        });
+      const recordedError = notSent ? `${message.slice(0, 2000)}${notSent.slice(0, 1000)}` : message;
       const recorded = await o.db
         .transaction()
         .execute((trx) =>
-          recordDeadLetter(trx, { groupId: o.groupId, message: m, error: message, attempts }),
+          recordDeadLetter(trx, { groupId: o.groupId, message: m, error: recordedError, attempts }),
         );
       if (!recorded) {
         o.log.warn(
@@ -67,8 +79,8 @@ export function deadLetterer(o: {
       }
       o.onRecorded();
       o.log.error(
-        { message_id: m.messageId, topic: m.topic, offset: m.offset, err: message },
-        'message dead-lettered',
+        { message_id: m.messageId, topic: m.topic, offset: m.offset, err: recordedError },
+        notSent ? 'message dead-lettered (in inbox_dlq only)' : 'message dead-lettered',
       );
     },
     async disconnect(): Promise<void> {

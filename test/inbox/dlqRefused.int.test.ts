@@ -1,0 +1,128 @@
+/**
+ * A dead letter the broker refuses for good (here: larger than its `.dlq` topic takes, the
+ * original message near the limit and the dead letter's headers on top) failed the batch: the
+ * consumer restarted and ran the handler again, for ever (session 13's review: 7 restarts and
+ * 24 handler runs in 30 s). It is recorded in inbox_dlq without being sent, the partition moves
+ * on, and a replay applies it once the handler is fixed.
+ */
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import { Partitioners } from 'kafkajs';
+import { sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { repoRoot } from '../../cli/stack/paths.js';
+import { createInboxConsumer, type InboxHandler } from '../../consumers/inboxConsumer.js';
+import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
+import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
+import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
+import { cairnBundle } from '../support/cli.js';
+import {
+  createTestDatabase,
+  createTestTopic,
+  kafkaBrokers,
+  type TestDatabase,
+} from '../support/testDatabase.js';
+import { waitFor } from '../support/topicReader.js';
+import { uuid } from './fixtures.js';
+
+const run = promisify(execFile);
+const kafka = kafkaClient(kafkaBrokers(), 'inbox-dlq-refused-test');
+let tdb: TestDatabase;
+beforeAll(async () => {
+  tdb = await createTestDatabase('inbox_dlq_refused');
+  await sql`CREATE TABLE seen (seq int NOT NULL)`.execute(tdb.db);
+  await sql`CREATE TABLE fixed (ok boolean)`.execute(tdb.db);
+});
+afterAll(async () => {
+  await tdb?.drop();
+});
+
+describe('a dead letter the broker refuses', () => {
+  it('is recorded in inbox_dlq without being sent; the handler is not run again and again; the partition moves on; replay applies it once fixed', async () => {
+    const topic = await createTestTopic('inbox-dlq-refused', 1);
+    const admin = kafka.admin();
+    await admin.connect();
+    await createTopicsAndWait(admin, [
+      {
+        topic: `${topic}.dlq`,
+        numPartitions: 1,
+        configEntries: [{ name: 'max.message.bytes', value: '1200' }],
+      },
+    ]);
+    await admin.disconnect();
+    const poisonId = uuid();
+    const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
+    await producer.connect();
+    await producer.send({
+      topic,
+      acks: -1,
+      messages: [1, 2, 3].map((seq) => ({
+        key: 'k',
+        value: JSON.stringify({ seq, pad: 'x'.repeat(1000) }),
+        headers: { 'cairn-message-id': seq === 2 ? poisonId : uuid() },
+      })),
+    });
+    await producer.disconnect();
+
+    let runs = 0;
+    const handler: InboxHandler = async (trx, m) => {
+      const { seq } = m.json<{ seq: number }>();
+      if (seq === 2) {
+        runs++;
+        if (!(await sql<{ ok: boolean }>`SELECT ok FROM fixed`.execute(trx)).rows[0]?.ok)
+          throw Object.assign(new Error('seq 2 is malformed'), { retriable: false });
+      }
+      await sql`INSERT INTO seen (seq) VALUES (${seq})`.execute(trx);
+    };
+    const groupId = `${topic}.g`;
+    const consumer = createInboxConsumer({
+      db: tdb.db,
+      groupId,
+      subscriber: createKafkaSubscriber({ brokers: kafkaBrokers(), groupId, topics: [topic] }),
+      dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+      handler,
+      maxAttempts: 3,
+      retryBaseMs: 20,
+    });
+    const running = consumer.run();
+    try {
+      await waitFor(
+        'seq 3 applied after the dead letter',
+        () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 1,
+        30_000,
+      );
+      const runsWhenDead = runs;
+      await new Promise((r) => setTimeout(r, 2000)); // a restart loop would run the handler again meanwhile
+      expect(runs).toBe(runsWhenDead);
+      expect(consumer.stats().deadLettered).toBe(1);
+      const dlq = await tdb.db
+        .selectFrom('inbox_dlq')
+        .select(['message_id', 'error', 'attempts'])
+        .where('consumer_group', '=', groupId)
+        .execute();
+      expect(dlq).toEqual([
+        {
+          message_id: poisonId,
+          attempts: 1, // refused by the handler as not retriable: dead at its first attempt alone
+          error: expect.stringMatching(
+            new RegExp(
+              `^seq 2 is malformed \\(not sent to ${topic.replace(/\./g, '\\.')}\\.dlq, which the broker refuses: .+\\)$`,
+            ),
+          ),
+        },
+      ]);
+
+      await sql`INSERT INTO fixed VALUES (true)`.execute(tdb.db);
+      await run(process.execPath, [cairnBundle(), 'inbox', 'replay', poisonId, '--group', groupId], {
+        cwd: repoRoot,
+        env: { ...process.env, DATABASE_URL: tdb.url, KAFKA_BROKERS: kafkaBrokers().join(',') },
+      });
+      await waitFor('the replayed message to be applied', () => consumer.stats().applied === 3, 30_000);
+      const seqs = await sql<{ seq: number }>`SELECT seq FROM seen ORDER BY seq`.execute(tdb.db);
+      expect(seqs.rows.map((r) => r.seq)).toEqual([1, 2, 3]);
+    } finally {
+      await consumer.stop();
+      await running.catch(() => {});
+    }
+  });
+});
