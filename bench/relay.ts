@@ -18,6 +18,7 @@ import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { commitToAck } from './commitToAck.js';
 import { type CpuPerMsg, cpuDuring, cpuLine, cpuPerMsg, cpuSources } from './cpu.js';
 import { insertRows, outboxCount, PAYLOAD, rows } from './outboxRows.js';
+import { rawPublisher } from './rawPublisher.js';
 import { benchRelayModes } from './relayModes.js';
 import { benchDatabase, clientsFlag, flag } from './support.js';
 
@@ -85,24 +86,18 @@ export async function benchRelay(args: string[]): Promise<Record<string, unknown
       await relay.stop();
       await running;
       await sql`VACUUM outbox`.execute(env.db);
-      // (c3) the same messages through this client's own Publisher, no Postgres: batches of
-      // batchSize one after another, with the headers the relay puts on them (cairn-message-id).
-      const pub = createKafkaPublisher({ brokers, client });
-      await pub.connect();
-      const rawMsgs = rows(n, 1000, topics.raw).map((m) => ({
+      // (c3) the same messages through this client's own Publisher, no Postgres (median of three runs).
+      const rawPub = await rawPublisher({
+        brokers,
+        client,
         topic: topics.raw,
-        key: m.key,
-        value: PAYLOAD,
-        headers: { 'cairn-message-id': m.id },
-      }));
-      const rawPub = await cpuDuring(cpuSrc, async () => {
-        for (let i = 0; i < rawMsgs.length; i += batchSize)
-          await pub.publish(rawMsgs.slice(i, i + batchSize));
+        n,
+        batch: batchSize,
+        cpu: cpuSrc,
       });
-      await pub.disconnect();
       drains.push({
-        rawPerS: n / rawPub.seconds,
-        rawCpu: cpuPerMsg(rawPub.cpu, n),
+        rawPerS: rawPub.msgs_per_s,
+        rawCpu: rawPub.cpu,
         client,
         perS: n / drainCpu.seconds,
         cpu: cpuPerMsg(drainCpu.cpu, n),

@@ -25,7 +25,8 @@ import { createTopicsAndWait } from '../src/kafka/kafkajsAdmin.js';
 import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
 import { commitToAck } from './commitToAck.js';
 import { type CpuPerMsg, type CpuSpent, cpuDuring, cpuLine, cpuPerMsg, cpuSources } from './cpu.js';
-import { insertRows, outboxCount, PAYLOAD, rows } from './outboxRows.js';
+import { insertRows, outboxCount, rows } from './outboxRows.js';
+import { type RawPublisherRun, rawPublisher } from './rawPublisher.js';
 import type { BenchEnv } from './support.js';
 import { flag } from './support.js';
 
@@ -207,7 +208,7 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
       }
     // Each client's own Publisher with no Postgres, the same messages in the relay's batches:
     // what a drain is compared with (target: >= 0.8 of it).
-    const raw: Record<string, { msgs_per_s: number; cpu: CpuPerMsg }> = {};
+    const raw: Record<string, RawPublisherRun> = {};
     const quiet = createDb({ connectionString: server.url('postgres'), max: 1 });
     const rawSrc = await cpuSources({
       stack,
@@ -219,21 +220,9 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
       const topic = `bench.modes.raw.${client}.${Date.now()}`;
       topics.push(topic);
       await createTopicsAndWait(admin, [{ topic, numPartitions: 6 }]);
-      const pub = createKafkaPublisher({ brokers, client });
-      await pub.connect();
-      const msgs = rows(n, 1000, topic).map((m) => ({
-        topic,
-        key: m.key,
-        value: PAYLOAD,
-        headers: { 'cairn-message-id': m.id },
-      }));
-      const spent = await cpuDuring(rawSrc, async () => {
-        for (let i = 0; i < msgs.length; i += 2500) await pub.publish(msgs.slice(i, i + 2500));
-      });
-      await pub.disconnect();
-      raw[client] = { msgs_per_s: Math.round(n / spent.seconds), cpu: cpuPerMsg(spent.cpu, n) };
+      raw[client] = await rawPublisher({ brokers, client, topic, n, batch: 2500, cpu: rawSrc });
       console.log(
-        `raw ${client} Publisher, no Postgres: ${raw[client]!.msgs_per_s} msgs/s; ${cpuLine(raw[client]!.cpu)}`,
+        `raw ${client} Publisher, no Postgres: ${raw[client]!.msgs_per_s} msgs/s (median of ${raw[client]!.runs.join(', ')}); ${cpuLine(raw[client]!.cpu)}`,
       );
     }
     await quiet.destroy();
