@@ -1,6 +1,6 @@
 import type { Db } from '../src/db/database.js';
 import { messageOf } from '../src/errors.js';
-import { isPoisonError } from '../src/kafka/classifyError.js';
+import { isPoisonError, isRetriableKafkaError } from '../src/kafka/classifyError.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import type { Logger } from '../src/logger.js';
 import { DLQ_HEADER, HEADER } from '../src/outbox/wire.js';
@@ -61,10 +61,12 @@ export function deadLetterer(o: {
           // topic not ours to write): thrown, it failed the batch, and the message ran again at
           // every restart of the consumer, for ever. Recorded without it, the partition moves on;
           // `cairn inbox dlq` lists it and `cairn inbox replay` applies it once it is fixed.
-          if (!isPoisonError(err)) throw err;
+          // Not what the client itself would try again (CORRUPT_MESSAGE is on both lists).
+          if (!isPoisonError(err) || isRetriableKafkaError(err)) throw err;
           notSent = ` (not sent to ${m.topic}.dlq, which the broker refuses: ${messageOf(err)})`;
         });
-      const recordedError = notSent ? `${message.slice(0, 2000)}${notSent.slice(0, 1000)}` : message;
+      // Here inbox_dlq is the only copy of the error: kept whole.
+      const recordedError = `${message}${notSent.slice(0, 1000)}`;
       const recorded = await o.db
         .transaction()
         .execute((trx) =>

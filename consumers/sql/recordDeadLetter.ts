@@ -7,14 +7,24 @@ import type { InboxMessage } from '../inboxMessage.js';
  * over an applied row (a revoked consumer finishing its batch after the partition's new
  * owner applied the message): then nothing is recorded and false is returned.
  */
+/**
+ * Text Postgres stores: a NUL byte is refused in text and jsonb (22021, 22P05), and a tenant
+ * puts one in an error by a payload its handler fails to parse (JSON.parse quotes it): the
+ * dead letter was refused, and the consumer ran the handler again at each restart, for ever.
+ */
+const storable = (s: string): string => s.replaceAll('\u0000', '\uFFFD');
+const storableHeaders = (h: Record<string, string>): string =>
+  JSON.stringify(Object.fromEntries(Object.entries(h).map(([k, v]) => [storable(k), storable(v)])));
+
 export async function recordDeadLetter(
   trx: Trx,
   a: { groupId: string; message: InboxMessage; error: string; attempts: number },
 ): Promise<boolean> {
   const m = a.message;
+  const key = m.key === null ? null : storable(m.key);
   const { rows } = await sql<{ outcome: string }>`
     INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", key, tenant_id, outcome)
-    VALUES (${a.groupId}, ${m.messageId}, ${m.topic}, ${m.partition}, ${m.offset}::bigint, ${m.key},
+    VALUES (${a.groupId}, ${m.messageId}, ${m.topic}, ${m.partition}, ${m.offset}::bigint, ${key},
             ${m.tenantId ?? null}, 'dead_lettered')
     ON CONFLICT (consumer_group, (coalesce(tenant_id, '')), message_id) DO UPDATE SET outcome = 'dead_lettered'
       WHERE inbox.outcome <> 'applied'
@@ -24,7 +34,7 @@ export async function recordDeadLetter(
   await sql`
     INSERT INTO inbox_dlq (consumer_group, tenant_id, message_id, topic, partition, "offset", key, headers, payload, error, attempts)
     VALUES (${a.groupId}, ${m.tenantId ?? null}, ${m.messageId}, ${m.topic}, ${m.partition}, ${m.offset}::bigint,
-            ${m.key}, ${JSON.stringify(m.headers)}::jsonb, ${m.value}, ${a.error}, ${a.attempts})
+            ${key}, ${storableHeaders(m.headers)}::jsonb, ${m.value}, ${storable(a.error)}, ${a.attempts})
     ON CONFLICT (consumer_group, (coalesce(tenant_id, '')), message_id)
       DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts, replayed_at = NULL
   `.execute(trx);

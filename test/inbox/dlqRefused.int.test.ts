@@ -125,4 +125,56 @@ describe('a dead letter the broker refuses', () => {
       await running.catch(() => {});
     }
   });
+
+  it('a payload with a NUL byte that the handler cannot parse is dead-lettered (the error quotes the NUL, which Postgres refuses in text) and the partition moves on', async () => {
+    const topic = await createTestTopic('inbox-dlq-nul', 1);
+    const poisonId = uuid();
+    const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
+    await producer.connect();
+    await producer.send({
+      topic,
+      acks: -1,
+      messages: [
+        { key: 'k', value: JSON.stringify({ seq: 11 }), headers: { 'cairn-message-id': uuid() } },
+        { key: 'k', value: Buffer.from([0]), headers: { 'cairn-message-id': poisonId, note: 'a\u0000b' } },
+        { key: 'k', value: JSON.stringify({ seq: 13 }), headers: { 'cairn-message-id': uuid() } },
+      ],
+    });
+    await producer.disconnect();
+    const groupId = `${topic}.g`;
+    const consumer = createInboxConsumer({
+      db: tdb.db,
+      groupId,
+      subscriber: createKafkaSubscriber({ brokers: kafkaBrokers(), groupId, topics: [topic] }),
+      dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+      handler: async (trx, m) => {
+        await sql`INSERT INTO seen (seq) VALUES (${m.json<{ seq: number }>().seq})`.execute(trx);
+      },
+      maxAttempts: 2,
+      retryBaseMs: 20,
+    });
+    const running = consumer.run();
+    try {
+      await waitFor(
+        'seq 13 applied after the dead letter',
+        () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 1,
+        30_000,
+      );
+      const [row] = await tdb.db
+        .selectFrom('inbox_dlq')
+        .select(['message_id', 'error', 'headers'])
+        .where('consumer_group', '=', groupId)
+        .execute();
+      expect(row?.message_id).toBe(poisonId);
+      expect(row?.error).toContain('\uFFFD');
+      expect(row?.headers).toMatchObject({ note: 'a\uFFFDb' });
+      const seqs = await sql<{ seq: number }>`SELECT seq FROM seen WHERE seq > 10 ORDER BY seq`.execute(
+        tdb.db,
+      );
+      expect(seqs.rows.map((r) => r.seq)).toEqual([11, 13]);
+    } finally {
+      await consumer.stop();
+      await running.catch(() => {});
+    }
+  });
 });
