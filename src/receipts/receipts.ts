@@ -235,6 +235,14 @@ export function createReceiptStoreWithTestHooks(
     });
   const ownerAlive = (receiptId: string) => receiptOwnerAlive(db, receiptId, abandonAfterMs);
 
+  const compensationTried = async (input: { taskId: string; step: string }) =>
+    (await db
+      .selectFrom('tool_receipt')
+      .select('receipt_id')
+      .where('task_id', '=', input.taskId)
+      .where('step', '=', `${input.step}/compensate`)
+      .executeTakeFirst()) !== undefined;
+
   async function resolveUncertain<T>(
     input: RunOnceInput<T>,
     row: ReceiptRow,
@@ -245,7 +253,8 @@ export function createReceiptStoreWithTestHooks(
       { task_id: input.taskId, receipt_id: row.receipt_id, policy: input.onUncertain },
       'uncertain receipt',
     );
-    if (input.onUncertain === 'retry') {
+    // Not once a compensation of it was tried: the effect was meant to be undone, a human decides.
+    if (input.onUncertain === 'retry' && !(await compensationTried(input))) {
       const attempt = await reclaim(row.receipt_id, 'uncertain', worker, input.lease);
       if (attempt === undefined) return store.runOnce(input); // someone else moved it: look again
       return execute(input, ref, attempt);

@@ -13,6 +13,22 @@ export interface ReconcileDeps {
   worker: string;
 }
 
+/** Nothing of a task held after a failover is settled (its receipts stay as they were held). */
+async function refuseHeld(d: ReconcileDeps, taskId: string, receiptId: string): Promise<void> {
+  const held = await d.db
+    .selectFrom('task_quarantine')
+    .select('reason')
+    .where('task_id', '=', taskId)
+    .where('released_at', 'is', null)
+    .executeTakeFirst();
+  if (held) {
+    throw new CairnError(
+      CairnErrorCodes.Quarantined,
+      `reconcile of task ${taskId}: the task is held (${held.reason}); receipt ${receiptId} was left as it is`,
+    );
+  }
+}
+
 /** What a receipt another worker moved meanwhile now means for a resume. */
 function actionOf(status: ReceiptRow['status'] | undefined): ReconcileAction {
   if (status === 'succeeded') return 'skip';
@@ -52,6 +68,7 @@ export async function reconcileTask(
           out.push({ ...entry, action: 'in_progress' });
           continue;
         }
+        await refuseHeld(d, taskId, r.receipt_id);
         // That attempt only: a live worker may have taken the receipt back meanwhile (a new
         // attempt under its own lease), and its effect is running.
         const marked = await d.db
@@ -64,8 +81,12 @@ export async function reconcileTask(
           .executeTakeFirst();
         if (!marked) {
           const now = (await d.byTask(taskId)).find((x) => x.receipt_id === r.receipt_id);
-          out.push({ ...entry, action: actionOf(now?.status) });
-          continue;
+          // Its worker woke, found its effect cut off and left that attempt uncertain for the
+          // lease holder: settled here. Anything else moved it on (a new attempt, a success).
+          if (now?.status !== 'uncertain' || now.attempt !== r.attempt) {
+            out.push({ ...entry, action: actionOf(now?.status) });
+            continue;
+          }
         }
       }
       const compensate = opts.compensators?.[r.tool];
@@ -86,24 +107,31 @@ export async function reconcileTask(
         out.push({ ...entry, action: 'retry' });
         continue;
       }
-      const settled = await d.resolveUncertain(
-        {
-          taskId,
-          step: r.step,
-          tool: r.tool,
-          args: null,
-          effect: async () => {
-            throw new CairnError(CairnErrorCodes.InvariantViolated, 'reconcile never runs an effect');
-          },
-          onUncertain: compensate ? 'compensate' : 'gate',
-          ...(compensate ? { compensate } : {}),
-          // The compensation runs under the caller's lease: it does not start once lost.
-          ...(fence && 'leaseId' in fence ? { lease: fence as Lease } : {}),
-          ...(opts.gate ? { gate: opts.gate } : {}),
+      const input = {
+        taskId,
+        step: r.step,
+        tool: r.tool,
+        args: null,
+        effect: async (): Promise<never> => {
+          throw new CairnError(CairnErrorCodes.InvariantViolated, 'reconcile never runs an effect');
         },
+        // The compensation runs under the caller's lease: it does not start once lost.
+        ...(fence && 'leaseId' in fence ? { lease: fence as Lease } : {}),
+        ...(opts.gate ? { gate: opts.gate } : {}),
+      };
+      await refuseHeld(d, taskId, r.receipt_id);
+      let settled = await d.resolveUncertain(
+        { ...input, onUncertain: compensate ? 'compensate' : 'gate', ...(compensate ? { compensate } : {}) },
         { ...r, status: r.status === 'compensating' ? 'compensating' : 'uncertain' },
         d.worker,
       );
+      if (settled.status === 'failed') {
+        // The compensation failed (the receipt is uncertain again): a human decides; gated, as
+        // the plan says, so no worker's retry runs the effect it was meant to undo.
+        const now = (await d.byTask(taskId)).find((x) => x.receipt_id === r.receipt_id) ?? r;
+        if (now.status === 'uncertain')
+          settled = await d.resolveUncertain({ ...input, onUncertain: 'gate' }, now, d.worker);
+      }
       out.push({ ...entry, action: settled.status === 'compensated' ? 'compensated' : 'gated' });
     }
   }

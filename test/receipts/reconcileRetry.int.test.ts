@@ -7,8 +7,10 @@
  * caller of resume now declares such tools too (`idempotentTools`).
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { CairnErrorCodes } from '../../src/errors.js';
 import { createReceiptStore, createReceiptStoreWithTestHooks } from '../../src/receipts/receipts.js';
 import type { RunOnceInput } from '../../src/receipts/types.js';
+import { quarantine } from '../../src/recovery/quarantine.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
@@ -113,10 +115,82 @@ describe('reconcile with idempotentTools', () => {
         },
       },
     });
-    expect(failedUndo).toHaveLength(1);
-    expect((await resumer.byTask('RR-5')).find((r) => r.step === 'deploy')?.status).toBe('uncertain');
+    // The plan says gated, and so does the receipt: no worker's retry runs what was to be undone.
+    expect(failedUndo.map((d) => d.action)).toEqual(['gated']);
+    expect((await resumer.byTask('RR-5')).find((r) => r.step === 'deploy')?.status).toBe('gated');
     const next = await resumer.reconcile('RR-5', { idempotentTools: ['deployer'] });
-    expect(next.map((d) => d.action)).toEqual(['gated']);
+    expect(next.map((d) => d.action)).toEqual(['settled']);
+    const retried = await resumer.runOnce(deploy('RR-5', keys));
+    expect(retried.status).toBe('gated');
+    expect(keys).toHaveLength(1); // the frozen worker's call only
+    frozen.wake();
+    await frozen.late.catch(() => {});
+  });
+
+  it('a worker’s retry does not run an effect whose compensation was tried and failed, wherever the receipt went back to uncertain', async () => {
+    const keys: string[] = [];
+    const frozen = await startedByAFrozenWorker('RR-8', keys);
+    const w2 = createReceiptStore({ db: t.db, worker: 'w2', abandonAfterMs: 10 });
+    // A worker whose policy is to compensate: its undo fails, the receipt is uncertain again.
+    const undo = await w2.runOnce({
+      ...deploy('RR-8', keys),
+      onUncertain: 'compensate',
+      compensate: async () => {
+        throw new Error('the undo API refused');
+      },
+    });
+    expect(undo.status).toBe('failed');
+    expect((await w2.byTask('RR-8')).find((r) => r.step === 'deploy')?.status).toBe('uncertain');
+    const retried = await w2.runOnce(deploy('RR-8', keys));
+    expect(retried.status).toBe('gated');
+    expect(keys).toHaveLength(1);
+    frozen.wake();
+    await frozen.late.catch(() => {});
+  });
+
+  it('settles the attempt its worker left uncertain itself (woken, its effect cut off) between reconcile’s look at the owner and its mark', async () => {
+    const keys: string[] = [];
+    const frozen = await startedByAFrozenWorker('RR-6', keys);
+    let undone = 0;
+    const resumer = createReceiptStoreWithTestHooks(
+      { db: t.db, worker: 'resumer', abandonAfterMs: 10 },
+      {
+        afterOwnerGone: async (id) => {
+          await t.db
+            .updateTable('tool_receipt')
+            .set({ status: 'uncertain' })
+            .where('receipt_id', '=', id)
+            .where('attempt', '=', 1)
+            .execute();
+        },
+      },
+    );
+    const done = await resumer.reconcile('RR-6', {
+      compensators: {
+        deployer: async () => {
+          undone++;
+        },
+      },
+    });
+    expect(done.map((d) => d.action)).toEqual(['compensated']);
+    expect(undone).toBe(1);
+    frozen.wake();
+    await frozen.late.catch(() => {});
+  });
+
+  it('changes nothing of a task held between reconcile’s look at the owner and its mark (a failover check holding it meanwhile)', async () => {
+    const keys: string[] = [];
+    const frozen = await startedByAFrozenWorker('RR-7', keys);
+    const resumer = createReceiptStoreWithTestHooks(
+      { db: t.db, worker: 'resumer', abandonAfterMs: 10 },
+      {
+        afterOwnerGone: async () => {
+          await quarantine(t.db, ['RR-7'], { reason: 'failover: lost work', actor: 'op' });
+        },
+      },
+    );
+    await expect(resumer.reconcile('RR-7', {})).rejects.toMatchObject({ code: CairnErrorCodes.Quarantined });
+    expect((await resumer.byTask('RR-7')).map((r) => r.status)).toEqual(['started']);
     frozen.wake();
     await frozen.late.catch(() => {});
   });
