@@ -49,8 +49,10 @@ export async function sayingWhoHolds<T>(
   db: Db,
   locks: Partial<typeof COMMAND_LOCKS>,
   work: () => Promise<T>,
-  o: { firstMs?: number; everyMs?: number; say?: (text: string) => void } = {},
+  o: { firstMs?: number; everyMs?: number; say?: (text: string) => void; json?: boolean } = {},
 ): Promise<T> {
+  // With --json stderr is one JSON object at most (an error a script parses whole): quiet.
+  if (o.json) return work();
   const say = o.say ?? ((text: string) => console.error(text));
   let done = false;
   // Unreferenced: a command that finished does not wait for the next look.
@@ -62,7 +64,7 @@ export async function sayingWhoHolds<T>(
       for (const h of holders) {
         if (done) return;
         say(
-          line`waiting for the ${h.lock} lock, held by backend ${h.pid} (role ${h.role ?? '?'}, application ${h.application || '-'}, ${h.state ?? 'state unknown'} since ${h.since?.toISOString() ?? '?'}); ` +
+          line`waiting for the ${h.lock} lock, held by backend ${h.pid} (role ${h.role ?? '?'}, application ${JSON.stringify(h.application ?? '')}, ${h.state ?? 'state not visible'} since ${h.since?.toISOString() ?? '?'}); ` +
             'it goes on once that session ends or lets go (pg_terminate_backend(pid) ends it)',
         );
       }

@@ -22,7 +22,9 @@ export async function migrateCommand(argv: string[]): Promise<number> {
       });
       return 0;
     }
-    const ran = await sayingWhoHolds(db, { migration: COMMAND_LOCKS.migration }, () => migrateToLatest(db));
+    const ran = await sayingWhoHolds(db, { migration: COMMAND_LOCKS.migration }, () => migrateToLatest(db), {
+      json: values.json === true,
+    });
     const schema = schemaOf(db);
     printResult(values.json, { schema, ran }, () => {
       if (ran.length === 0) console.log(line`schema ${schema} is up to date; no migration ran`);

@@ -69,6 +69,7 @@ export async function tenantCommand(argv: string[]): Promise<number> {
         db,
         { 'tenant registration': COMMAND_LOCKS['tenant registration'] },
         () => keys.addTenant(tenant),
+        { json: values.json === true },
       );
       printResult(values.json, { tenant_id: tenant, ...r }, () =>
         console.log(

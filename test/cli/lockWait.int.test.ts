@@ -82,4 +82,17 @@ describe('a tenant holding the lock a command waits on', () => {
       });
     },
   );
+
+  it('with --json says nothing while it waits (stderr is one JSON object at most) and prints its result once let go', async () => {
+    await tenant.connection().execute(async (session) => {
+      await sql`SELECT pg_advisory_lock(3853314791062309107)`.execute(session);
+      const run = cairn(['migrate', '--json']);
+      await new Promise((r) => setTimeout(r, 4500)); // past the first look (3 s)
+      expect(run.err()).toBe('');
+      await sql`SELECT pg_advisory_unlock_all()`.execute(session);
+      expect(await run.exit).toBe(0);
+      expect(JSON.parse(run.out())).toMatchObject({ ran: [] });
+      expect(run.err()).toBe('');
+    });
+  });
 });
