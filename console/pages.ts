@@ -7,6 +7,7 @@ import type { ConsoleUser } from './auth.js';
 import {
   type BusPage,
   type gatesPage,
+  HUMANS_LIST_LIMIT,
   RETRY_OVERDUE_MINUTES,
   type TaskFilter,
   type TaskListRow,
@@ -175,12 +176,18 @@ function deadLetterRow(v: View, d: DeadLetter): Html {
 
 type Gates = Awaited<ReturnType<typeof gatesPage>>;
 
+/** Said above a list cut at HUMANS_LIST_LIMIT (the query reads one row more to know). */
+const more = (rows: readonly unknown[]): Html | string =>
+  rows.length > HUMANS_LIST_LIMIT
+    ? html`<p class="bad">The oldest ${HUMANS_LIST_LIMIT} are shown; more wait.</p>`
+    : '';
+
 export function humansPage(v: View, g: Gates): Html {
   return layout(
     v,
     'Humans in the loop',
     html`<h2>Gated receipts</h2>${g.gated.length === 0 ? html`<p>No receipt waits for a decision.</p>` : ''}
-${g.gated.map((r) => {
+${more(g.gated)}${g.gated.slice(0, HUMANS_LIST_LIMIT).map((r) => {
   const lease = g.leases.filter((l) => l.task_id === r.task_id);
   return html`<article class="gated" data-receipt="${r.receipt_id}"><h3>${r.tool} · step ${r.step} · task
 <a href="/tasks/${encodeURIComponent(r.task_id)}">${r.task_id}</a></h3>
@@ -193,11 +200,11 @@ ${action(v, 'receipt.resolve', 'Compensated (it was undone)', { receipt_id: r.re
 ${action(v, 'receipt.resolve', 'It did not run', { receipt_id: r.receipt_id, outcome: 'failed' }, { reason: true })}</article>`;
 })}
 <h2>Uncertain, waiting for a retry</h2>${g.waiting.length === 0 ? html`<p>No receipt has waited more than ${RETRY_OVERDUE_MINUTES} minutes for its retry.</p>` : html`<p>A resume left these for their worker to run again with the same key (their tool declared idempotent); none has yet. If none will (the task cancelled, the workflow changed), resume the task without the declaration: they are gated here.</p>`}
-<table id="waiting">${g.waiting.map(
+${more(g.waiting)}<table id="waiting">${g.waiting.slice(0, HUMANS_LIST_LIMIT).map(
       (
         r,
       ) => html`<tr data-receipt="${r.receipt_id}"><td><a href="/tasks/${encodeURIComponent(r.task_id)}">${r.task_id}</a></td><td>${r.tool}</td><td>${r.step}</td>
-<td>attempt #${r.attempt} by ${r.worker}</td><td>started ${when(r.started_at)}</td><td>${r.resolution ?? ''}</td></tr>`,
+<td>attempt #${r.attempt} by ${r.worker}</td><td>started ${when(r.started_at)}</td><td>${(r.resolution ?? '').slice(0, 500)}</td></tr>`,
     )}</table>
 <h2>Quarantined tasks</h2>${g.quarantined.length === 0 ? html`<p>No task is quarantined.</p>` : ''}
 <table id="quarantined">${g.quarantined.map(

@@ -189,6 +189,8 @@ export async function busPage(s: Scope): Promise<BusPage> {
 
 /** How long a receipt stays uncertain before the humans' page shows it as waiting for a retry. */
 export const RETRY_OVERDUE_MINUTES = 5;
+/** Rows of each list on the humans' page, oldest first: a tenant's role can make receipts without end. */
+export const HUMANS_LIST_LIMIT = 100;
 
 /**
  * The humans-in-the-loop page: gated receipts, receipts left uncertain for a retry that has not
@@ -197,11 +199,16 @@ export const RETRY_OVERDUE_MINUTES = 5;
  */
 export async function gatesPage(s: Scope) {
   const [gated, waiting, quarantined, holds] = await Promise.all([
-    receiptRows(s.db).where('status', '=', 'gated').orderBy('started_at').execute(),
+    receiptRows(s.db)
+      .where('status', '=', 'gated')
+      .orderBy('started_at')
+      .limit(HUMANS_LIST_LIMIT + 1)
+      .execute(),
     receiptRows(s.db)
       .where('status', '=', 'uncertain')
       .where('started_at', '<', sql<Date>`now() - make_interval(mins => ${RETRY_OVERDUE_MINUTES})`)
       .orderBy('started_at')
+      .limit(HUMANS_LIST_LIMIT + 1)
       .execute(),
     s.db
       .selectFrom('task_quarantine')

@@ -77,6 +77,17 @@ describe('cairn console: receipts left for a retry', () => {
     expect(forA).not.toContain(fresh);
     expect(forA).not.toContain(other);
     expect(waiting(await (await get('/humans', basic('root'))).text())).toContain(other);
+
+    // A tenant's role can make receipts without end: the list shows the oldest 100 and says more wait.
+    await store.create({ task: newTask('b-many', { tenant_id: 'tenant-b' }), actor: AGENT });
+    await sql`INSERT INTO tool_receipt (receipt_id, idempotency_key, task_id, step, tool, args_digest, status, worker, started_at)
+              SELECT gen_random_uuid(), 'b-many/' || i, 'b-many', 'step-' || i, 'deployer', 'sha256:aa', 'started', 'gone',
+                     now() - interval '2 hours'
+                FROM generate_series(1, 101) AS i`.execute(tdb.db);
+    await sql`UPDATE tool_receipt SET status = 'uncertain' WHERE task_id = 'b-many'`.execute(tdb.db);
+    const flooded = waiting(await (await get('/humans', basic('root'))).text());
+    expect(flooded).toContain('The oldest 100 are shown; more wait.');
+    expect(flooded.match(/<tr data-receipt=/g)).toHaveLength(100);
   });
 });
 
