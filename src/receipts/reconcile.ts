@@ -2,6 +2,7 @@ import type { Db } from '../db/database.js';
 import { CairnError, CairnErrorCodes, LeaseLostError } from '../errors.js';
 import type { Lease } from '../leases/leases.js';
 import { holdsFence } from '../leases/sql/fenceCheck.js';
+import { activeHold } from '../recovery/quarantine.js';
 import type { ReceiptRow, ReceiptStore, ReconcileAction, RunOnceInput, RunOnceResult } from './types.js';
 
 /** What reconcile needs of its receipt store. */
@@ -15,12 +16,7 @@ export interface ReconcileDeps {
 
 /** Nothing of a task held after a failover is settled (its receipts stay as they were held). */
 async function refuseHeld(d: ReconcileDeps, taskId: string, receiptId: string): Promise<void> {
-  const held = await d.db
-    .selectFrom('task_quarantine')
-    .select('reason')
-    .where('task_id', '=', taskId)
-    .where('released_at', 'is', null)
-    .executeTakeFirst();
+  const held = await activeHold(d.db, taskId);
   if (held) {
     throw new CairnError(
       CairnErrorCodes.Quarantined,

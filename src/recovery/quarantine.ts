@@ -1,4 +1,5 @@
 import type { Db } from '../db/database.js';
+import type { Executor } from '../db/executor.js';
 
 /**
  * Quarantines tasks (after `checkAfterFailover`): until released, their state cannot change
@@ -41,4 +42,17 @@ export async function releaseQuarantine(
   }
   const r = await q.executeTakeFirst();
   return Number(r.numUpdatedRows);
+}
+
+/** A task's hold after a failover, while it is not released: why and since when. */
+export async function activeHold(
+  db: Executor,
+  taskId: string,
+): Promise<{ reason: string; placed_at: Date } | undefined> {
+  return db
+    .selectFrom('task_quarantine')
+    .select(['reason', 'placed_at'])
+    .where('task_id', '=', taskId)
+    .where('released_at', 'is', null)
+    .executeTakeFirst();
 }

@@ -17,6 +17,7 @@ import type { TaskState } from '../schemas/taskState.js';
 import { zodIssues } from '../schemas/zodIssues.js';
 import type { TaskStore } from '../state/taskStore.js';
 import { isTerminal } from '../state/transitions.js';
+import { activeHold } from './quarantine.js';
 
 /** What the current policy says, read fresh at every resume: never taken from a checkpoint. */
 export const Policy = z.strictObject({
@@ -158,12 +159,7 @@ async function resumeHolding(taskId: string, o: ResumeOptions, lease: Lease): Pr
     return { taskId, outcome: 'terminal', skipped: [], receipts: [], pendingMessages: [], state };
   }
   // A task held after a failover stays as it was held: not even its receipts are settled.
-  const held = await o.db
-    .selectFrom('task_quarantine')
-    .select(['reason', 'placed_at'])
-    .where('task_id', '=', taskId)
-    .where('released_at', 'is', null)
-    .executeTakeFirst();
+  const held = await activeHold(o.db, taskId);
   if (held) {
     throw new CairnError(
       CairnErrorCodes.Quarantined,

@@ -11,7 +11,7 @@ import { Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
-import { createInboxConsumer, type InboxHandler } from '../../consumers/inboxConsumer.js';
+import { createInboxConsumer, type InboxConsumer, type InboxHandler } from '../../consumers/inboxConsumer.js';
 import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
@@ -36,6 +36,32 @@ beforeAll(async () => {
 afterAll(async () => {
   await tdb?.drop();
 });
+
+/** An inbox consumer of `topic` for `fn`, stopped after it. */
+async function withConsumer(
+  topic: string,
+  groupId: string,
+  handler: InboxHandler,
+  maxAttempts: number,
+  fn: (consumer: InboxConsumer) => Promise<void>,
+): Promise<void> {
+  const consumer = createInboxConsumer({
+    db: tdb.db,
+    groupId,
+    subscriber: createKafkaSubscriber({ brokers: kafkaBrokers(), groupId, topics: [topic] }),
+    dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+    handler,
+    maxAttempts,
+    retryBaseMs: 20,
+  });
+  const running = consumer.run();
+  try {
+    await fn(consumer);
+  } finally {
+    await consumer.stop();
+    await running.catch(() => {});
+  }
+}
 
 describe('a dead letter the broker refuses', () => {
   it('is recorded in inbox_dlq without being sent; the handler is not run again and again; the partition moves on; replay applies it once fixed', async () => {
@@ -75,17 +101,7 @@ describe('a dead letter the broker refuses', () => {
       await sql`INSERT INTO seen (seq) VALUES (${seq})`.execute(trx);
     };
     const groupId = `${topic}.g`;
-    const consumer = createInboxConsumer({
-      db: tdb.db,
-      groupId,
-      subscriber: createKafkaSubscriber({ brokers: kafkaBrokers(), groupId, topics: [topic] }),
-      dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
-      handler,
-      maxAttempts: 3,
-      retryBaseMs: 20,
-    });
-    const running = consumer.run();
-    try {
+    await withConsumer(topic, groupId, handler, 3, async (consumer) => {
       await waitFor(
         'seq 3 applied after the dead letter',
         () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 1,
@@ -120,10 +136,7 @@ describe('a dead letter the broker refuses', () => {
       await waitFor('the replayed message to be applied', () => consumer.stats().applied === 3, 30_000);
       const seqs = await sql<{ seq: number }>`SELECT seq FROM seen ORDER BY seq`.execute(tdb.db);
       expect(seqs.rows.map((r) => r.seq)).toEqual([1, 2, 3]);
-    } finally {
-      await consumer.stop();
-      await running.catch(() => {});
-    }
+    });
   });
 
   it('a payload with a NUL byte that the handler cannot parse is dead-lettered (the error quotes the NUL, which Postgres refuses in text) and the partition moves on', async () => {
@@ -142,39 +155,32 @@ describe('a dead letter the broker refuses', () => {
     });
     await producer.disconnect();
     const groupId = `${topic}.g`;
-    const consumer = createInboxConsumer({
-      db: tdb.db,
+    await withConsumer(
+      topic,
       groupId,
-      subscriber: createKafkaSubscriber({ brokers: kafkaBrokers(), groupId, topics: [topic] }),
-      dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
-      handler: async (trx, m) => {
+      async (trx, m) => {
         await sql`INSERT INTO seen (seq) VALUES (${m.json<{ seq: number }>().seq})`.execute(trx);
       },
-      maxAttempts: 2,
-      retryBaseMs: 20,
-    });
-    const running = consumer.run();
-    try {
-      await waitFor(
-        'seq 13 applied after the dead letter',
-        () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 1,
-        30_000,
-      );
-      const [row] = await tdb.db
-        .selectFrom('inbox_dlq')
-        .select(['message_id', 'error', 'headers'])
-        .where('consumer_group', '=', groupId)
-        .execute();
-      expect(row?.message_id).toBe(poisonId);
-      expect(row?.error).toContain('\uFFFD');
-      expect(row?.headers).toMatchObject({ note: 'a\uFFFDb' });
-      const seqs = await sql<{ seq: number }>`SELECT seq FROM seen WHERE seq > 10 ORDER BY seq`.execute(
-        tdb.db,
-      );
-      expect(seqs.rows.map((r) => r.seq)).toEqual([11, 13]);
-    } finally {
-      await consumer.stop();
-      await running.catch(() => {});
-    }
+      2,
+      async (consumer) => {
+        await waitFor(
+          'seq 13 applied after the dead letter',
+          () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 1,
+          30_000,
+        );
+        const [row] = await tdb.db
+          .selectFrom('inbox_dlq')
+          .select(['message_id', 'error', 'headers'])
+          .where('consumer_group', '=', groupId)
+          .execute();
+        expect(row?.message_id).toBe(poisonId);
+        expect(row?.error).toContain('\uFFFD');
+        expect(row?.headers).toMatchObject({ note: 'a\uFFFDb' });
+        const seqs = await sql<{ seq: number }>`SELECT seq FROM seen WHERE seq > 10 ORDER BY seq`.execute(
+          tdb.db,
+        );
+        expect(seqs.rows.map((r) => r.seq)).toEqual([11, 13]);
+      },
+    );
   });
 });
