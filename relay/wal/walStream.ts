@@ -229,7 +229,8 @@ export async function startWalStream(o: {
     const lo = b.readUInt32BE(at + 6);
     const prefixAt = at + 10;
     const prefixEnd = b.indexOf(0, prefixAt);
-    if (prefixEnd < 0) throw new Error('a logical message without the end of its prefix');
+    if (prefixEnd < 0)
+      throw new UnavailableError('the WAL stream sent a logical message without the end of its prefix');
     if (
       !open ||
       prefixEnd - prefixAt !== prefix.length ||
@@ -238,7 +239,8 @@ export async function startWalStream(o: {
       return;
     const start = prefixEnd + 5;
     const end = start + b.readInt32BE(prefixEnd + 1);
-    if (end > b.length) throw new Error('a logical message shorter than its length');
+    if (end > b.length)
+      throw new UnavailableError('the WAL stream sent a logical message shorter than its length');
     if (o.messageSecret === undefined) {
       fail(
         new ConfigurationError(
