@@ -115,7 +115,10 @@ describe('the LangGraph example killed at a named point and resumed (real proces
       );
       const seen = versionsOf(read);
       expect([...new Set(seen)]).toEqual([1, 2, 3, 4, 5, 6]);
-      expect(seen).toEqual([...seen].sort((a, b) => a - b)); // a republish repeats, never reorders
+      // The line above is the order check: versions in order by first arrival (what an inbox
+      // applies). A copy of a batch the killed process published and had not deleted comes again
+      // after it (seen in CI: 1, 2, 1, 2, 3, ...), as the relay's crash test allows
+      // (test/relay/relayCrash.chaos: per-key order by first occurrence).
 
       // The deploy: one receipt, succeeded; the sink saw one idempotency key and applied it once.
       const receipts = await tdb.db
