@@ -8,6 +8,7 @@ import { replayChangelog } from '../../src/recovery/replayChangelog.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask, planApproved } from '../state/fixtures.js';
 import { createTestTopic } from '../support/testDatabase.js';
+import { waitFor } from '../support/topicReader.js';
 import { clock, publishAll, useTwoRegions } from './twoRegions.js';
 
 /**
@@ -70,8 +71,10 @@ it('a task rebuilt in part by the replay, then held by the check, is untouched s
   );
   await publishAll(a.db);
 
-  const promotedAt = new Date();
-  await new Promise((r) => setTimeout(r, 20));
+  // Region B's clock (the rows' timestamps are its), past the promotion before the replay writes.
+  const dbNow = async () => (await sql<{ t: Date }>`SELECT clock_timestamp() AS t`.execute(b.db)).rows[0]!.t;
+  const promotedAt = await dbNow();
+  await waitFor('region B clock to pass the promotion', async () => (await dbNow()) > promotedAt);
   const replay = await replayChangelog(b.db, reader, {
     topic,
     keyRing: ring,
@@ -85,7 +88,8 @@ it('a task rebuilt in part by the replay, then held by the check, is untouched s
     ['HT-1', 2, 3],
   ]);
   expect(report.divergedTasks).toEqual(['HT-1']);
-  await new Promise((r) => setTimeout(r, 20));
+  const replayedAt = await dbNow();
+  await waitFor('region B clock to pass the replay', async () => (await dbNow()) > replayedAt);
   await quarantine(b.db, report.divergedTasks, { reason: 'failover: lost work', actor: 'op' });
 
   // Nothing writes to the task after the hold ...
