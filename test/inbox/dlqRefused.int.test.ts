@@ -7,7 +7,6 @@
  */
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
-import { Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
@@ -23,7 +22,7 @@ import {
   type TestDatabase,
 } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
-import { uuid } from './fixtures.js';
+import { produceTo, uuid } from './fixtures.js';
 
 const run = promisify(execFile);
 const kafka = kafkaClient(kafkaBrokers(), 'inbox-dlq-refused-test');
@@ -77,18 +76,14 @@ describe('a dead letter the broker refuses', () => {
     ]);
     await admin.disconnect();
     const poisonId = uuid();
-    const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
-    await producer.connect();
-    await producer.send({
+    await produceTo(
       topic,
-      acks: -1,
-      messages: [1, 2, 3].map((seq) => ({
+      [1, 2, 3].map((seq) => ({
         key: 'k',
         value: JSON.stringify({ seq, pad: 'x'.repeat(1000) }),
         headers: { 'cairn-message-id': seq === 2 ? poisonId : uuid() },
       })),
-    });
-    await producer.disconnect();
+    );
 
     let runs = 0;
     const handler: InboxHandler = async (trx, m) => {
@@ -142,18 +137,11 @@ describe('a dead letter the broker refuses', () => {
   it('a payload with a NUL byte that the handler cannot parse is dead-lettered (the error quotes the NUL, which Postgres refuses in text) and the partition moves on', async () => {
     const topic = await createTestTopic('inbox-dlq-nul', 1);
     const poisonId = uuid();
-    const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
-    await producer.connect();
-    await producer.send({
-      topic,
-      acks: -1,
-      messages: [
-        { key: 'k', value: JSON.stringify({ seq: 11 }), headers: { 'cairn-message-id': uuid() } },
-        { key: 'k', value: Buffer.from([0]), headers: { 'cairn-message-id': poisonId, note: 'a\u0000b' } },
-        { key: 'k', value: JSON.stringify({ seq: 13 }), headers: { 'cairn-message-id': uuid() } },
-      ],
-    });
-    await producer.disconnect();
+    await produceTo(topic, [
+      { key: 'k', value: JSON.stringify({ seq: 11 }), headers: { 'cairn-message-id': uuid() } },
+      { key: 'k', value: Buffer.from([0]), headers: { 'cairn-message-id': poisonId, note: 'a\u0000b' } },
+      { key: 'k', value: JSON.stringify({ seq: 13 }), headers: { 'cairn-message-id': uuid() } },
+    ]);
     const groupId = `${topic}.g`;
     await withConsumer(
       topic,

@@ -1,7 +1,7 @@
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Partitioners } from 'kafkajs';
+import { type Message, Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
 import { v7 as uuidv7 } from 'uuid';
 import { localKeyring, writeKeyring } from '../../src/crypto/keyProvider.js';
@@ -17,6 +17,19 @@ import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from
 export async function createEffectsTable(db: Db): Promise<void> {
   await sql`CREATE TABLE effects (id bigserial PRIMARY KEY, message_id text NOT NULL, key text NOT NULL,
             seq int NOT NULL, consumer text NOT NULL)`.execute(db);
+}
+
+/** Sends `messages` to `topic` as they are (acks from every replica), with a producer of its own. */
+export async function produceTo(topic: string, messages: Message[]): Promise<void> {
+  const producer = kafkaClient(kafkaBrokers(), 'inbox-test-producer').producer({
+    createPartitioner: Partitioners.DefaultPartitioner,
+  });
+  await producer.connect();
+  try {
+    await producer.send({ topic, acks: -1, messages });
+  } finally {
+    await producer.disconnect();
+  }
 }
 
 /** Produces `perKey` messages for each of `keys` keys, seq rising per key, each with a cairn-message-id. */

@@ -1,4 +1,3 @@
-import { Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { replayDeadLetter } from '../../consumers/deadLetters.js';
@@ -13,7 +12,7 @@ import {
   type TestDatabase,
 } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
-import { createEffectsTable, uuid } from './fixtures.js';
+import { createEffectsTable, produceTo, uuid } from './fixtures.js';
 
 // Issue 14.1: an operator who runs `cairn inbox replay` twice must not get the effect twice,
 // and an applied inbox row never becomes un-applied (not by a late dead letter, not by hand).
@@ -70,21 +69,14 @@ describe('issue 14.1: replaying a dead letter', () => {
     const topic = await createTestTopic('replay-twice', 1);
     const groupId = `${topic}.g`;
     const poisonId = uuid();
-    const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
-    await producer.connect();
-    await producer.send({
-      topic,
-      acks: -1,
-      messages: [
-        {
-          key: 'p',
-          value: JSON.stringify({ key: 'p', seq: 1, poison: true }),
-          headers: { 'cairn-message-id': poisonId },
-        },
-        { key: 'p', value: JSON.stringify({ key: 'p', seq: 2 }), headers: { 'cairn-message-id': uuid() } },
-      ],
-    });
-    await producer.disconnect();
+    await produceTo(topic, [
+      {
+        key: 'p',
+        value: JSON.stringify({ key: 'p', seq: 1, poison: true }),
+        headers: { 'cairn-message-id': poisonId },
+      },
+      { key: 'p', value: JSON.stringify({ key: 'p', seq: 2 }), headers: { 'cairn-message-id': uuid() } },
+    ]);
 
     const handler: InboxHandler = async (trx, m) => {
       const body = m.json<{ key: string; seq: number; poison?: boolean }>();

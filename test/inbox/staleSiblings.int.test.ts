@@ -1,4 +1,3 @@
-import { Partitioners } from 'kafkajs';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createInboxConsumer, type InboxConsumer, type InboxHandler } from '../../consumers/inboxConsumer.js';
@@ -14,7 +13,7 @@ import {
   type TestDatabase,
 } from '../support/testDatabase.js';
 import { readTopic, waitFor } from '../support/topicReader.js';
-import { createEffectsTable, uuid } from './fixtures.js';
+import { createEffectsTable, produceTo, uuid } from './fixtures.js';
 
 // Issue 14.2: the messages one task change causes share its version; refusing stale versions
 // must not drop the second of them as "not newer" than the first.
@@ -97,16 +96,9 @@ describe('issue 14.2: refuseStaleVersions and the messages of one change', () =>
     // it is older than what the key has applied, so it is refused.
     const [first] = await readTopic(kafka, topic, (ms) => ms.length >= 2, 30_000);
     expect(first!.value).toBe(JSON.stringify({ seq: 1 }));
-    const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
-    await producer.connect();
-    await producer.send({
-      topic,
-      acks: -1,
-      messages: [
-        { key: first!.key, value: first!.value, headers: { ...first!.headers, 'cairn-message-id': uuid() } },
-      ],
-    });
-    await producer.disconnect();
+    await produceTo(topic, [
+      { key: first!.key, value: first!.value, headers: { ...first!.headers, 'cairn-message-id': uuid() } },
+    ]);
     await waitFor('the redelivered message to be handled', () => handled() >= 3, 30_000);
     expect(c.stats()).toMatchObject({ applied: 2, stale: 1 });
     expect(await appliedSeqs()).toEqual([1, 2]);
