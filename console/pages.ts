@@ -192,7 +192,7 @@ ${more(g.gated)}${g.gated.slice(0, HUMANS_LIST_LIMIT).map((r) => {
   return html`<article class="gated" data-receipt="${r.receipt_id}"><h3>${r.tool} · step ${r.step} · task
 <a href="/tasks/${encodeURIComponent(r.task_id)}">${r.task_id}</a></h3>
 <p>Intent: run <b>${r.tool}</b> for step <b>${r.step}</b>${r.irreversible ? ' (irreversible)' : ''}. Last attempt #${r.attempt} by ${r.worker},
-started ${when(r.started_at)}${r.error ? `, error: ${r.error}` : ''}. Why gated: ${r.resolution ?? 'the outcome is unknown'}.</p>
+started ${when(r.started_at)}${r.error ? `, error: ${r.error.slice(0, 500)}` : ''}. Why gated: ${(r.resolution ?? 'the outcome is unknown').slice(0, 500)}.</p>
 <p>Lease: the attempt held fencing token ${r.fencing_token ?? '-'} (${r.lease_id ?? 'no lease'});
 now ${lease.map((l) => html`${l.branch}: ${l.holder ?? 'free'}, token ${l.fencing_token}, until ${when(l.expires_at)} `)}</p>
 ${action(v, 'receipt.resolve', 'It ran (mark succeeded)', { receipt_id: r.receipt_id, outcome: 'succeeded' }, { reason: true })}

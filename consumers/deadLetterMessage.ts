@@ -8,6 +8,18 @@ import type { InboxMessage } from './inboxMessage.js';
 import { appliedBy } from './sql/insertInboxRows.js';
 import { recordDeadLetter } from './sql/recordDeadLetter.js';
 
+/**
+ * Whether the error, or one it wraps, is one the client would try again: kafkajs wraps the
+ * last retriable error (CORRUPT_MESSAGE, say) in a non-retriable "retries exceeded" one.
+ */
+function retriableInChain(err: unknown): boolean {
+  for (let e = err, depth = 0; e && typeof e === 'object' && depth < 10; depth++) {
+    if (isRetriableKafkaError(e)) return true;
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
+
 /** An inbox consumer's dead letters: sent to `<topic>.dlq`, then recorded in `inbox_dlq`. */
 export function deadLetterer(o: {
   db: Db;
@@ -62,7 +74,7 @@ export function deadLetterer(o: {
           // every restart of the consumer, for ever. Recorded without it, the partition moves on;
           // `cairn inbox dlq` lists it and `cairn inbox replay` applies it once it is fixed.
           // Not what the client itself would try again (CORRUPT_MESSAGE is on both lists).
-          if (!isPoisonError(err) || isRetriableKafkaError(err)) throw err;
+          if (!isPoisonError(err) || retriableInChain(err)) throw err;
           notSent = ` (not sent to ${m.topic}.dlq, which the broker refuses: ${messageOf(err)})`;
         });
       // Here inbox_dlq is the only copy of the error: kept whole.

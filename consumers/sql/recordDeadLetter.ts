@@ -22,10 +22,12 @@ export async function recordDeadLetter(
 ): Promise<boolean> {
   const m = a.message;
   const key = m.key === null ? null : storable(m.key);
+  const messageId = storable(m.messageId);
+  const tenantId = m.tenantId === undefined ? null : storable(m.tenantId);
   const { rows } = await sql<{ outcome: string }>`
     INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", key, tenant_id, outcome)
-    VALUES (${a.groupId}, ${m.messageId}, ${m.topic}, ${m.partition}, ${m.offset}::bigint, ${key},
-            ${m.tenantId ?? null}, 'dead_lettered')
+    VALUES (${a.groupId}, ${messageId}, ${m.topic}, ${m.partition}, ${m.offset}::bigint, ${key},
+            ${tenantId}, 'dead_lettered')
     ON CONFLICT (consumer_group, (coalesce(tenant_id, '')), message_id) DO UPDATE SET outcome = 'dead_lettered'
       WHERE inbox.outcome <> 'applied'
     RETURNING outcome
@@ -33,7 +35,7 @@ export async function recordDeadLetter(
   if (rows.length === 0) return false;
   await sql`
     INSERT INTO inbox_dlq (consumer_group, tenant_id, message_id, topic, partition, "offset", key, headers, payload, error, attempts)
-    VALUES (${a.groupId}, ${m.tenantId ?? null}, ${m.messageId}, ${m.topic}, ${m.partition}, ${m.offset}::bigint,
+    VALUES (${a.groupId}, ${tenantId}, ${messageId}, ${m.topic}, ${m.partition}, ${m.offset}::bigint,
             ${key}, ${storableHeaders(m.headers)}::jsonb, ${m.value}, ${storable(a.error)}, ${a.attempts})
     ON CONFLICT (consumer_group, (coalesce(tenant_id, '')), message_id)
       DO UPDATE SET error = EXCLUDED.error, attempts = EXCLUDED.attempts, replayed_at = NULL

@@ -124,6 +124,13 @@ export async function reconcileTask(
       if (settled.status === 'failed') {
         // The compensation failed (the receipt is uncertain again): a human decides; gated, as
         // the plan says, so no worker's retry runs the effect it was meant to undo.
+        // The compensation may have run long: the lease and the hold are looked at again first.
+        if (fence && !(await holdsFence(d.db, fence))) {
+          throw new LeaseLostError(
+            `reconcile of task ${taskId}: lease token ${fence.fencingToken} is no longer current; receipt ${r.receipt_id} was left uncertain`,
+          );
+        }
+        await refuseHeld(d, taskId, r.receipt_id);
         const now = (await d.byTask(taskId)).find((x) => x.receipt_id === r.receipt_id) ?? r;
         if (now.status === 'uncertain')
           settled = await d.resolveUncertain({ ...input, onUncertain: 'gate' }, now, d.worker);

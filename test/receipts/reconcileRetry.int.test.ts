@@ -221,4 +221,23 @@ describe('reconcile with idempotentTools', () => {
     compensated.wake();
     await Promise.allSettled([gated.late, compensated.late]);
   });
+
+  it('a compensation that fails after the task was held meanwhile leaves the receipt uncertain, not gated without its audit row', async () => {
+    const keys: string[] = [];
+    const frozen = await startedByAFrozenWorker('RR-9', keys);
+    const resumer = createReceiptStore({ db: t.db, worker: 'resumer', abandonAfterMs: 10 });
+    await expect(
+      resumer.reconcile('RR-9', {
+        compensators: {
+          deployer: async () => {
+            await quarantine(t.db, ['RR-9'], { reason: 'failover: lost work', actor: 'op' });
+            throw new Error('the undo API refused');
+          },
+        },
+      }),
+    ).rejects.toMatchObject({ code: CairnErrorCodes.Quarantined });
+    expect((await resumer.byTask('RR-9')).find((r) => r.step === 'deploy')?.status).toBe('uncertain');
+    frozen.wake();
+    await frozen.late.catch(() => {});
+  });
 });
