@@ -37,7 +37,7 @@ export type {
   NoTables,
 } from './inboxTypes.js';
 
-import { consumedAs, type InboxMessage, toInboxMessage } from './inboxMessage.js';
+import { consumedAs, type InboxMessage, refuseUnstorable, toInboxMessage } from './inboxMessage.js';
 import type {
   AppTables,
   InboxCommitCounts,
@@ -118,6 +118,7 @@ export function createInboxConsumerWithTestHooks(
   async function applyChunk(trx: Trx, chunk: readonly InboxMessage[], heartbeat?: BatchHeartbeat) {
     const counts = { applied: 0, duplicates: 0, stale: 0 };
     const latencies: number[] = [];
+    for (const m of chunk) refuseUnstorable(m);
     const fresh = await insertInboxRows(trx, groupId, chunk);
     // A task changed in a handler records the message in its changelog record (a replay
     // after a failover restores the inbox row from it).

@@ -1,3 +1,4 @@
+import { ValidationError } from '../src/errors.js';
 import type { ReceivedMessage } from '../src/kafka/subscriber.js';
 import { HEADER } from '../src/outbox/wire.js';
 import type { ConsumedMessage } from '../src/state/changelog.js';
@@ -71,6 +72,32 @@ class ReceivedInboxMessage implements InboxMessage {
 
 export function toInboxMessage(m: ReceivedMessage): InboxMessage {
   return new ReceivedInboxMessage(m);
+}
+
+/**
+ * Refuses a message whose id, key or tenant Postgres cannot store (a NUL byte, refused in
+ * text: 22021). Only a producer outside Cairn writes one; its inbox row would fail the chunk
+ * and then the message alone at every attempt, so it is dead-lettered (its handler never runs)
+ * and the partition moves on.
+ */
+export function refuseUnstorable(m: InboxMessage): void {
+  const nul = '\u0000';
+  // The usual case first, with nothing made per message (it runs for every message consumed).
+  if (!m.messageId.includes(nul) && !m.key?.includes(nul) && !m.tenantId?.includes(nul)) return;
+  const fields = [
+    ['cairn-message-id', m.messageId],
+    ['key', m.key],
+    ['cairn-tenant', m.tenantId],
+  ] as const;
+  const issues = fields
+    .filter(([, v]) => v?.includes(nul))
+    .map(([path, value]) => ({
+      path,
+      message: 'holds a NUL byte, which Postgres does not store in text',
+      value,
+    }));
+  if (issues.length > 0)
+    throw new ValidationError(`message at ${m.topic}:${m.partition}:${m.offset}`, issues);
 }
 
 /** What a changelog record written by `m`'s handler says it consumed. */

@@ -2,6 +2,7 @@ import { sql } from 'kysely';
 import type { Executor, Trx } from '../../src/db/executor.js';
 import { ValidationError } from '../../src/errors.js';
 import type { InboxMessage } from '../inboxMessage.js';
+import { storable } from './recordDeadLetter.js';
 
 type Recorded = Pick<InboxMessage, 'messageId' | 'tenantId' | 'topic' | 'partition' | 'offset' | 'key'>;
 
@@ -99,8 +100,8 @@ export async function appliedBy(
     .selectFrom('inbox')
     .select('outcome')
     .where('consumer_group', '=', groupId)
-    .where(sql<boolean>`coalesce(tenant_id, '') = ${m.tenantId ?? ''}`)
-    .where('message_id', '=', m.messageId)
+    .where(sql<boolean>`coalesce(tenant_id, '') = ${storable(m.tenantId ?? '')}`)
+    .where('message_id', '=', storable(m.messageId))
     .executeTakeFirst();
   return row?.outcome === 'applied';
 }

@@ -3,19 +3,21 @@ import type { Trx } from '../../src/db/executor.js';
 import type { InboxMessage } from '../inboxMessage.js';
 
 /**
+ * Text Postgres stores: a NUL byte is refused in text and jsonb (22021, 22P05), and a tenant
+ * puts one in an error by a payload its handler fails to parse (JSON.parse quotes it), or a
+ * producer outside Cairn in a message id or key: the dead letter was refused, and the consumer
+ * ran the handler again at each restart, for ever. A dead letter's id is stored so, and looked
+ * up so (appliedBy).
+ */
+export const storable = (s: string): string => s.replaceAll('\u0000', '\uFFFD');
+const storableHeaders = (h: Record<string, string>): string =>
+  JSON.stringify(Object.fromEntries(Object.entries(h).map(([k, v]) => [storable(k), storable(v)])));
+
+/**
  * Marks the message handled (as dead-lettered) and keeps it for `cairn inbox replay`; never
  * over an applied row (a revoked consumer finishing its batch after the partition's new
  * owner applied the message): then nothing is recorded and false is returned.
  */
-/**
- * Text Postgres stores: a NUL byte is refused in text and jsonb (22021, 22P05), and a tenant
- * puts one in an error by a payload its handler fails to parse (JSON.parse quotes it): the
- * dead letter was refused, and the consumer ran the handler again at each restart, for ever.
- */
-const storable = (s: string): string => s.replaceAll('\u0000', '\uFFFD');
-const storableHeaders = (h: Record<string, string>): string =>
-  JSON.stringify(Object.fromEntries(Object.entries(h).map(([k, v]) => [storable(k), storable(v)])));
-
 export async function recordDeadLetter(
   trx: Trx,
   a: { groupId: string; message: InboxMessage; error: string; attempts: number },

@@ -171,4 +171,51 @@ describe('a dead letter the broker refuses', () => {
       },
     );
   });
+
+  it('a message id, key or tenant with a NUL byte (a producer outside Cairn) is dead-lettered without its handler running, and the partition moves on', async () => {
+    const topic = await createTestTopic('inbox-dlq-nul-id', 1);
+    await produceTo(topic, [
+      { key: 'k', value: JSON.stringify({ seq: 21 }), headers: { 'cairn-message-id': uuid() } },
+      { key: 'k', value: JSON.stringify({ seq: 22 }), headers: { 'cairn-message-id': 'id\u0000nul' } },
+      { key: 'k\u0000nul', value: JSON.stringify({ seq: 23 }), headers: { 'cairn-message-id': uuid() } },
+      {
+        key: 'k',
+        value: JSON.stringify({ seq: 24 }),
+        headers: { 'cairn-message-id': uuid(), 'cairn-tenant': 't\u0000nul' },
+      },
+      { key: 'k', value: JSON.stringify({ seq: 25 }), headers: { 'cairn-message-id': uuid() } },
+    ]);
+    const groupId = `${topic}.g`;
+    await withConsumer(
+      topic,
+      groupId,
+      async (trx, m) => {
+        await sql`INSERT INTO seen (seq) VALUES (${m.json<{ seq: number }>().seq})`.execute(trx);
+      },
+      2,
+      async (consumer) => {
+        await waitFor(
+          'seq 25 applied after three dead letters',
+          () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 3,
+          30_000,
+        );
+        const rows = await tdb.db
+          .selectFrom('inbox_dlq')
+          .select(['message_id', 'key', 'tenant_id', 'error'])
+          .where('consumer_group', '=', groupId)
+          .orderBy('offset')
+          .execute();
+        expect(rows.map((r) => [r.message_id.includes('\uFFFD'), r.key, r.tenant_id])).toEqual([
+          [true, 'k', null],
+          [false, 'k\uFFFDnul', null],
+          [false, 'k', 't\uFFFDnul'],
+        ]);
+        for (const r of rows) expect(r.error).toMatch(/NUL byte/);
+        const seqs = await sql<{ seq: number }>`SELECT seq FROM seen WHERE seq > 20 ORDER BY seq`.execute(
+          tdb.db,
+        );
+        expect(seqs.rows.map((r) => r.seq)).toEqual([21, 25]);
+      },
+    );
+  });
 });
