@@ -37,7 +37,7 @@ export type {
   NoTables,
 } from './inboxTypes.js';
 
-import { consumedAs, type InboxMessage, refuseUnstorable, toInboxMessage } from './inboxMessage.js';
+import { consumedAs, type InboxMessage, refuseUnstorable, storable, toInboxMessage } from './inboxMessage.js';
 import type {
   AppTables,
   InboxCommitCounts,
@@ -295,7 +295,12 @@ export function createInboxConsumerWithTestHooks(
     const { heartbeat } = run;
     for (let i = 0; i < messages.length; ) {
       if (!batch.isActive() || heartbeat.failed()) return;
-      const chunk = messages.slice(i, i + chunks.next());
+      let chunk = messages.slice(i, i + chunks.next());
+      // A message the inbox cannot store fails any chunk it is in: the messages before it go
+      // together, it goes alone (and is dead-lettered), so one per chunk cannot keep the
+      // consumer applying message by message.
+      const unstorable = chunk.findIndex((m) => !storable(m));
+      if (unstorable >= 0) chunk = chunk.slice(0, Math.max(1, unstorable));
       i += chunk.length;
       /** How many of the chunk, from its first, are applied (or dropped) and committed. */
       let done = chunk.length;

@@ -74,30 +74,74 @@ export function toInboxMessage(m: ReceivedMessage): InboxMessage {
   return new ReceivedInboxMessage(m);
 }
 
+const NUL = '\u0000';
 /**
- * Refuses a message whose id, key or tenant Postgres cannot store (a NUL byte, refused in
- * text: 22021). Only a producer outside Cairn writes one; its inbox row would fail the chunk
- * and then the message alone at every attempt, so it is dead-lettered (its handler never runs)
- * and the partition moves on.
+ * Bytes past which a field is not stored as it is: a btree entry holds at most 2,704 bytes, and
+ * the inbox indexes (group, tenant, id) and (tenant, key). Cairn's own ids are uuids, its
+ * tenants short names, its keys at most 2 KiB (the outbox's limit).
+ */
+const MAX_BYTES = { 'cairn-message-id': 1024, 'cairn-tenant': 256, key: 2048 } as const;
+
+type Field = keyof typeof MAX_BYTES;
+
+/** Why `value` cannot be stored as it is in `field`, or undefined. */
+function unstorable(field: Field, value: string | null | undefined): string | undefined {
+  if (value === null || value === undefined) return undefined;
+  if (value.includes(NUL)) return 'holds a NUL byte, which Postgres does not store in text';
+  // Bytes only when the characters could exceed the bound (UTF-8 takes at most 3 per UTF-16 unit).
+  if (value.length * 3 > MAX_BYTES[field] && Buffer.byteLength(value) > MAX_BYTES[field])
+    return `is over ${MAX_BYTES[field]} bytes, more than the inbox's index holds`;
+  return undefined;
+}
+
+/** Whether the inbox can store `m`'s id, key and tenant as they are (nothing is made per message). */
+export function storable(m: InboxMessage): boolean {
+  return (
+    unstorable('cairn-message-id', m.messageId) === undefined &&
+    unstorable('key', m.key) === undefined &&
+    unstorable('cairn-tenant', m.tenantId) === undefined
+  );
+}
+
+/**
+ * Refuses a message whose id, key or tenant the inbox cannot store: a NUL byte (refused in
+ * text: 22021), or more bytes than its index holds (54000). Only a producer outside Cairn
+ * writes one; its inbox row would fail the chunk, then the message alone at every attempt, so
+ * it is dead-lettered (its handler never runs) and the partition moves on.
  */
 export function refuseUnstorable(m: InboxMessage): void {
-  const nul = '\u0000';
-  // The usual case first, with nothing made per message (it runs for every message consumed).
-  if (!m.messageId.includes(nul) && !m.key?.includes(nul) && !m.tenantId?.includes(nul)) return;
+  if (storable(m)) return;
   const fields = [
     ['cairn-message-id', m.messageId],
     ['key', m.key],
     ['cairn-tenant', m.tenantId],
   ] as const;
-  const issues = fields
-    .filter(([, v]) => v?.includes(nul))
-    .map(([path, value]) => ({
-      path,
-      message: 'holds a NUL byte, which Postgres does not store in text',
-      value,
-    }));
-  if (issues.length > 0)
-    throw new ValidationError(`message at ${m.topic}:${m.partition}:${m.offset}`, issues);
+  const issues = fields.flatMap(([path, value]) => {
+    const why = unstorable(path, value);
+    return why === undefined ? [] : [{ path, message: why, value: value?.slice(0, 200) }];
+  });
+  throw new ValidationError(`message at ${m.topic}:${m.partition}:${m.offset}`, issues);
+}
+
+/**
+ * What a dead letter is recorded under (its inbox row, its inbox_dlq row, the check that no
+ * consumer applied it). A message whose id or tenant cannot be stored as it is goes under its
+ * Kafka coordinates (`topic:partition:offset`, the id of a message without one) and no tenant:
+ * a NUL replaced, or a value cut, would make it another message's id. A key that cannot be
+ * stored is kept with NUL replaced (it is not what the row is unique by), and not in the inbox
+ * row when too long for its index.
+ */
+export function deadLetterIdentity(m: InboxMessage): {
+  messageId: string;
+  tenantId: string | null;
+  key: string | null;
+  inboxKey: string | null;
+} {
+  const key = m.key === null ? null : m.key.replaceAll(NUL, '\uFFFD');
+  const inboxKey = key !== null && unstorable('key', key) === undefined ? key : null;
+  if (unstorable('cairn-message-id', m.messageId) || unstorable('cairn-tenant', m.tenantId))
+    return { messageId: `${m.topic}:${m.partition}:${m.offset}`, tenantId: null, key, inboxKey };
+  return { messageId: m.messageId, tenantId: m.tenantId ?? null, key, inboxKey };
 }
 
 /** What a changelog record written by `m`'s handler says it consumed. */

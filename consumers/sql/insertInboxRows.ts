@@ -1,8 +1,7 @@
 import { sql } from 'kysely';
 import type { Executor, Trx } from '../../src/db/executor.js';
 import { ValidationError } from '../../src/errors.js';
-import type { InboxMessage } from '../inboxMessage.js';
-import { storable } from './recordDeadLetter.js';
+import { deadLetterIdentity, type InboxMessage } from '../inboxMessage.js';
 
 type Recorded = Pick<InboxMessage, 'messageId' | 'tenantId' | 'topic' | 'partition' | 'offset' | 'key'>;
 
@@ -91,17 +90,15 @@ export function writtenByThisTransaction(
 }
 
 /** Has the group applied this message (an inbox row with outcome 'applied')? */
-export async function appliedBy(
-  db: Executor,
-  groupId: string,
-  m: Pick<InboxMessage, 'messageId' | 'tenantId'>,
-): Promise<boolean> {
+export async function appliedBy(db: Executor, groupId: string, m: InboxMessage): Promise<boolean> {
+  // As its dead letter would be recorded (a message whose id cannot be stored, by its coordinates).
+  const id = deadLetterIdentity(m);
   const row = await db
     .selectFrom('inbox')
     .select('outcome')
     .where('consumer_group', '=', groupId)
-    .where(sql<boolean>`coalesce(tenant_id, '') = ${storable(m.tenantId ?? '')}`)
-    .where('message_id', '=', storable(m.messageId))
+    .where(sql<boolean>`coalesce(tenant_id, '') = ${id.tenantId ?? ''}`)
+    .where('message_id', '=', id.messageId)
     .executeTakeFirst();
   return row?.outcome === 'applied';
 }

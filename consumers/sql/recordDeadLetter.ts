@@ -1,15 +1,14 @@
 import { sql } from 'kysely';
 import type { Trx } from '../../src/db/executor.js';
-import type { InboxMessage } from '../inboxMessage.js';
+import { deadLetterIdentity, type InboxMessage } from '../inboxMessage.js';
 
 /**
  * Text Postgres stores: a NUL byte is refused in text and jsonb (22021, 22P05), and a tenant
  * puts one in an error by a payload its handler fails to parse (JSON.parse quotes it), or a
- * producer outside Cairn in a message id or key: the dead letter was refused, and the consumer
- * ran the handler again at each restart, for ever. A dead letter's id is stored so, and looked
- * up so (appliedBy).
+ * producer outside Cairn in a header: the dead letter was refused, and the consumer ran the
+ * handler again at each restart, for ever. (A message id, tenant or key: deadLetterIdentity.)
  */
-export const storable = (s: string): string => s.replaceAll('\u0000', '\uFFFD');
+const storable = (s: string): string => s.replaceAll('\u0000', '\uFFFD');
 const storableHeaders = (h: Record<string, string>): string =>
   JSON.stringify(Object.fromEntries(Object.entries(h).map(([k, v]) => [storable(k), storable(v)])));
 
@@ -23,12 +22,10 @@ export async function recordDeadLetter(
   a: { groupId: string; message: InboxMessage; error: string; attempts: number },
 ): Promise<boolean> {
   const m = a.message;
-  const key = m.key === null ? null : storable(m.key);
-  const messageId = storable(m.messageId);
-  const tenantId = m.tenantId === undefined ? null : storable(m.tenantId);
+  const { messageId, tenantId, key, inboxKey } = deadLetterIdentity(m);
   const { rows } = await sql<{ outcome: string }>`
     INSERT INTO inbox (consumer_group, message_id, topic, partition, "offset", key, tenant_id, outcome)
-    VALUES (${a.groupId}, ${messageId}, ${m.topic}, ${m.partition}, ${m.offset}::bigint, ${key},
+    VALUES (${a.groupId}, ${messageId}, ${m.topic}, ${m.partition}, ${m.offset}::bigint, ${inboxKey},
             ${tenantId}, 'dead_lettered')
     ON CONFLICT (consumer_group, (coalesce(tenant_id, '')), message_id) DO UPDATE SET outcome = 'dead_lettered'
       WHERE inbox.outcome <> 'applied'

@@ -172,18 +172,21 @@ describe('a dead letter the broker refuses', () => {
     );
   });
 
-  it('a message id, key or tenant with a NUL byte (a producer outside Cairn) is dead-lettered without its handler running, and the partition moves on', async () => {
+  it('a message id, key or tenant with a NUL byte, or too long for the inbox index (a producer outside Cairn), is dead-lettered without its handler running, under its coordinates, and the partition moves on', async () => {
     const topic = await createTestTopic('inbox-dlq-nul-id', 1);
+    const huge = 'x'.repeat(3000);
+    const bad = [
+      { headers: { 'cairn-message-id': 'id\u0000nul' } },
+      { key: 'k\u0000nul', headers: { 'cairn-message-id': uuid() } },
+      { headers: { 'cairn-message-id': uuid(), 'cairn-tenant': 't\u0000nul' } },
+      { headers: { 'cairn-message-id': huge } },
+      { headers: { 'cairn-message-id': uuid(), 'cairn-tenant': huge } },
+      { key: huge, headers: { 'cairn-message-id': uuid(), 'cairn-tenant': 't1' } },
+    ];
     await produceTo(topic, [
-      { key: 'k', value: JSON.stringify({ seq: 21 }), headers: { 'cairn-message-id': uuid() } },
-      { key: 'k', value: JSON.stringify({ seq: 22 }), headers: { 'cairn-message-id': 'id\u0000nul' } },
-      { key: 'k\u0000nul', value: JSON.stringify({ seq: 23 }), headers: { 'cairn-message-id': uuid() } },
-      {
-        key: 'k',
-        value: JSON.stringify({ seq: 24 }),
-        headers: { 'cairn-message-id': uuid(), 'cairn-tenant': 't\u0000nul' },
-      },
-      { key: 'k', value: JSON.stringify({ seq: 25 }), headers: { 'cairn-message-id': uuid() } },
+      { key: 'k', value: JSON.stringify({ seq: 20 }), headers: { 'cairn-message-id': uuid() } },
+      ...bad.map((b, i) => ({ key: 'k', ...b, value: JSON.stringify({ seq: 21 + i }) })),
+      { key: 'k', value: JSON.stringify({ seq: 29 }), headers: { 'cairn-message-id': uuid() } },
     ]);
     const groupId = `${topic}.g`;
     await withConsumer(
@@ -195,8 +198,8 @@ describe('a dead letter the broker refuses', () => {
       2,
       async (consumer) => {
         await waitFor(
-          'seq 25 applied after three dead letters',
-          () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 3,
+          'seq 29 applied after six dead letters',
+          () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 6,
           30_000,
         );
         const rows = await tdb.db
@@ -205,16 +208,65 @@ describe('a dead letter the broker refuses', () => {
           .where('consumer_group', '=', groupId)
           .orderBy('offset')
           .execute();
-        expect(rows.map((r) => [r.message_id.includes('\uFFFD'), r.key, r.tenant_id])).toEqual([
-          [true, 'k', null],
-          [false, 'k\uFFFDnul', null],
-          [false, 'k', 't\uFFFDnul'],
+        const at = (offset: number) => `${topic}:0:${offset}`;
+        expect(rows.map((r) => [r.message_id, r.key, r.tenant_id])).toEqual([
+          [at(1), 'k', null],
+          [bad[1]!.headers['cairn-message-id'], 'k\uFFFDnul', null],
+          [at(3), 'k', null],
+          [at(4), 'k', null],
+          [at(5), 'k', null],
+          [bad[5]!.headers['cairn-message-id'], huge, 't1'],
         ]);
-        for (const r of rows) expect(r.error).toMatch(/NUL byte/);
-        const seqs = await sql<{ seq: number }>`SELECT seq FROM seen WHERE seq > 20 ORDER BY seq`.execute(
+        expect(rows.map((r) => r.error.match(/NUL byte|over \d+ bytes/)?.[0])).toEqual([
+          'NUL byte',
+          'NUL byte',
+          'NUL byte',
+          'over 1024 bytes',
+          'over 256 bytes',
+          'over 2048 bytes',
+        ]);
+        const seqs = await sql<{ seq: number }>`SELECT seq FROM seen WHERE seq >= 20 ORDER BY seq`.execute(
           tdb.db,
         );
-        expect(seqs.rows.map((r) => r.seq)).toEqual([21, 25]);
+        expect(seqs.rows.map((r) => r.seq)).toEqual([20, 29]);
+      },
+    );
+  });
+
+  it('a NUL message id does not take the id it would read as with U+FFFD: neither message is taken for the other', async () => {
+    const topic = await createTestTopic('inbox-dlq-fffd', 1);
+    await produceTo(topic, [
+      { key: 'k', value: JSON.stringify({ seq: 31 }), headers: { 'cairn-message-id': 'order-7\u0000' } },
+      { key: 'k', value: JSON.stringify({ seq: 32 }), headers: { 'cairn-message-id': 'order-7\uFFFD' } },
+      { key: 'k', value: JSON.stringify({ seq: 33 }), headers: { 'cairn-message-id': 'order-8\uFFFD' } },
+      { key: 'k', value: JSON.stringify({ seq: 34 }), headers: { 'cairn-message-id': 'order-8\u0000' } },
+    ]);
+    const groupId = `${topic}.g`;
+    await withConsumer(
+      topic,
+      groupId,
+      async (trx, m) => {
+        await sql`INSERT INTO seen (seq) VALUES (${m.json<{ seq: number }>().seq})`.execute(trx);
+      },
+      2,
+      async (consumer) => {
+        await waitFor(
+          'two applied, two dead-lettered',
+          () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 2,
+          30_000,
+        );
+        expect(consumer.stats().duplicates).toBe(0);
+        const seqs = await sql<{ seq: number }>`SELECT seq FROM seen WHERE seq > 30 ORDER BY seq`.execute(
+          tdb.db,
+        );
+        expect(seqs.rows.map((r) => r.seq)).toEqual([32, 33]);
+        const dlq = await tdb.db
+          .selectFrom('inbox_dlq')
+          .select('message_id')
+          .where('consumer_group', '=', groupId)
+          .orderBy('offset')
+          .execute();
+        expect(dlq.map((r) => r.message_id)).toEqual([`${topic}:0:0`, `${topic}:0:3`]);
       },
     );
   });
