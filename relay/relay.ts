@@ -17,12 +17,14 @@ import {
   acquireLanes,
   forgetInstance,
   heartbeat,
+  otherLiveInstances,
   releaseLanes,
   renewLanes,
   replicationBarrier,
   seedLanes,
   synchronousReplication,
 } from './sql/laneLeases.js';
+import { stepAsidePolicy } from './stepAside.js';
 import type { Relay, RelayOptions, RelayStats, RelayTestHooks } from './types.js';
 import { createVacuumer } from './vacuum.js';
 import { createWakeup } from './wakeup.js';
@@ -87,6 +89,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     lanesOwned: 0,
     lostLaneDeletes: 0,
     goneBeforeDelete: 0,
+    steppedAside: 0,
     idleMs: 1,
     waitMs: { claim: 0, publish: 0, delete: 0, barrier: 0 },
     waitingFor: null,
@@ -106,6 +109,28 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   let running: Promise<void> | undefined;
 
   let barrierNeeded = false;
+  const aside = stepAsidePolicy(ttlMs);
+
+  /**
+   * Gives this relay's lanes and WAL stream to the other live relays (relay/stepAside.ts): what
+   * it claimed and did not send is still in the table (or the slot), under the lanes' next
+   * fencing tokens. It forgets its instance row too, so the others count it out of their share.
+   */
+  async function stepAside(): Promise<void> {
+    prefetch = undefined;
+    await deletes.finish().catch(() => {});
+    await walMode?.stop();
+    const lanes = [...owned.keys()];
+    await releaseLanes(db, instanceId, lanes);
+    await forgetInstance(db, instanceId, ttlMs);
+    owned = new Map();
+    stats.lanesOwned = 0;
+    stats.steppedAside++;
+    log.warn(
+      { lanes, for_ms: aside.stepped() },
+      'no batch reached the broker for twice the lease TTL while other relays are live: their turn with these lanes',
+    );
+  }
 
   async function rebalance(): Promise<void> {
     const live = await heartbeat(db, instanceId, ttlMs);
@@ -207,6 +232,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
         await timed('publish', publishWithRetry(publishing, ready));
         // The broker acknowledges again: no longer waiting for it (see the loop's catch).
         if (stats.waitingFor === 'kafka') stats.waitingFor = null;
+        aside.published();
       }
       sentIds = ready.map((b) => b.row.id);
     } catch (err) {
@@ -325,6 +351,10 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     try {
       while (!stopping) {
         try {
+          if (aside.asideForMs > 0) {
+            await sleep(Math.min(renewEveryMs, aside.asideForMs));
+            continue;
+          }
           if (performance.now() - lastRebalance >= renewEveryMs) {
             await rebalance();
             lastRebalance = performance.now();
@@ -355,6 +385,10 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
             // Rows are held until the broker acknowledges them: say so where an operator looks
             // (/readyz answers 503, cairn_relay_waiting_for 1) until a batch goes through.
             stats.waitingFor = 'kafka';
+            if (await aside.failed(() => otherLiveInstances(db, instanceId, ttlMs))) {
+              await stepAside().catch((e: Error) => log.warn({ err: e.message }, 'could not step aside'));
+              lastRebalance = Number.NEGATIVE_INFINITY;
+            }
             // A kafkajs producer can stay stuck after a broker restart (kafkajs issues 1167,
             // 1513): start a fresh one (a new producer id) before the batch is tried again.
             await options.publisher.disconnect().catch(() => {});

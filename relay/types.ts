@@ -83,6 +83,11 @@ export interface RelayStats {
   goneBeforeDelete: number;
   /** The current idle sleep of adaptive polling, in ms (1 while busy). */
   idleMs: number;
+  /**
+   * Times this relay gave its lanes (and its WAL stream) to the other live relays because no
+   * batch had reached the broker for twice the lease TTL (a broker it alone cannot reach).
+   */
+  steppedAside: number;
   /** Where the loop waited, in ms: for claimed rows, for the broker's ack, for the previous delete. */
   waitMs: { claim: number; publish: number; delete: number; barrier: number };
   /** At start: the dependency that has not answered yet (the relay waits for it); null once both did. */

@@ -17,6 +17,15 @@ export async function heartbeat(db: Executor, instanceId: string, ttlMs: number)
   return Math.max(1, rows[0]!.live);
 }
 
+/** How many relays other than this one were seen within the lease TTL. */
+export async function otherLiveInstances(db: Executor, instanceId: string, ttlMs: number): Promise<number> {
+  const { rows } = await sql<{ live: number }>`
+    SELECT count(*)::int AS live FROM relay_instance
+     WHERE instance_id <> ${instanceId} AND last_seen > now() - make_interval(secs => ${ttlMs / 1000})
+  `.execute(db);
+  return rows[0]!.live;
+}
+
 /** Extends the leases this instance still holds; returns them with their fencing tokens. */
 export async function renewLanes(
   db: Executor,

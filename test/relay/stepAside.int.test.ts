@@ -1,0 +1,151 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createRelay } from '../../relay/relay.js';
+import { createKafkaPublisher, kafkaClient, type Publisher } from '../../src/kafka/publisher.js';
+import { createOutbox } from '../../src/outbox/outbox.js';
+import {
+  createTestDatabase,
+  createTestTopic,
+  kafkaBrokers,
+  type TestDatabase,
+} from '../support/testDatabase.js';
+import { readTopic, waitFor } from '../support/topicReader.js';
+import { useLogicalServer } from '../support/walServer.js';
+
+/**
+ * A relay that alone cannot reach the broker (its network, a producer stuck), while another
+ * relay can: it used to keep its lanes, renewing them in Postgres, and their messages waited
+ * for good. Now it gives them to the other live relay after twice the lease TTL without a
+ * batch acknowledged. The fault is injected at the Publisher seam of relay A: a real kafkajs
+ * publisher whose sends fail as a refused connection would; relay B publishes to the real broker.
+ */
+let tdb: TestDatabase;
+let topic: string;
+const outbox = createOutbox();
+const walOutbox = createOutbox({ walMessages: true });
+const wal = useLogicalServer('stepaside');
+
+beforeAll(async () => {
+  tdb = await createTestDatabase('relay_step_aside');
+  topic = await createTestTopic('relay-step-aside', 3);
+});
+afterAll(async () => {
+  await tdb?.drop();
+});
+
+/** The real publisher, with every send failing as one to an unreachable broker does. */
+function unreachable(): Publisher & { sends: number } {
+  const real = createKafkaPublisher({ brokers: kafkaBrokers() });
+  const p = {
+    sends: 0,
+    address: real.address,
+    connect: () => real.connect(),
+    disconnect: () => real.disconnect(),
+    async publish() {
+      p.sends++;
+      throw new Error('connect ECONNREFUSED (injected: this relay cannot reach the broker)');
+    },
+  };
+  return p;
+}
+
+describe('a relay that cannot reach the broker while another can', () => {
+  it('gives its lanes to the other relay: every message is published, none waits for it', async () => {
+    const ttl = 1500;
+    const failing = unreachable();
+    const a = createRelay({
+      db: tdb.db,
+      publisher: failing,
+      instanceId: 'a-cut-off',
+      leaseTtlMs: ttl,
+      publishRetries: 0,
+      maxIdleMs: 20,
+    });
+    const b = createRelay({
+      db: tdb.db,
+      publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+      instanceId: 'b-healthy',
+      leaseTtlMs: ttl,
+      maxIdleMs: 20,
+    });
+    const aDone = a.run();
+    await waitFor('relay A to own every lane', () => a.stats().lanesOwned === 32, 10_000);
+    const bDone = b.run();
+    try {
+      await waitFor('the lanes shared', () => a.stats().lanesOwned === 16 && b.stats().lanesOwned === 16);
+      const ids = await tdb.db.transaction().execute((t) =>
+        outbox.enqueue(
+          t,
+          Array.from({ length: 200 }, (_, i) => ({ topic, key: `k${i}`, payload: { i } })),
+        ),
+      );
+      const kafka = kafkaClient(kafkaBrokers(), 'relay-step-aside-test');
+      const got = await readTopic(
+        kafka,
+        topic,
+        (ms) => new Set(ms.map((m) => m.headers['cairn-message-id'])).size >= 200,
+        30_000,
+      );
+      expect(new Set(got.map((m) => m.headers['cairn-message-id']))).toEqual(new Set(ids));
+      expect(failing.sends).toBeGreaterThan(0); // A did try its lanes first
+      expect(a.stats().steppedAside).toBeGreaterThanOrEqual(1);
+      expect(a.stats().published).toBe(0);
+      await waitFor('the outbox empty', async () => {
+        const left = await tdb.db.selectFrom('outbox').select('id').execute();
+        return left.length === 0;
+      });
+    } finally {
+      await a.stop();
+      await b.stop();
+      await Promise.all([aDone, bDone]);
+    }
+  });
+});
+
+describe('a WAL relay that cannot reach the broker while another can', () => {
+  it('gives up the slot as well as its lanes: the other relay streams it and every WAL message is published', async () => {
+    const d = await wal.database('aside');
+    const walTopic = await createTestTopic('relay-step-aside-wal', 3);
+    const failing = unreachable();
+    const options = {
+      db: d.db,
+      leaseTtlMs: 1500,
+      maxIdleMs: 20,
+      wal: { connectionString: d.url, slot: d.slot },
+    };
+    const a = wal.start(
+      createRelay({ ...options, publisher: failing, instanceId: 'a-cut-off', publishRetries: 0 }),
+    );
+    await waitFor(
+      'relay A to stream the slot with every lane',
+      () => wal.streaming(a) && a.stats().lanesOwned === 32,
+      30_000,
+    );
+    const b = wal.start(
+      createRelay({
+        ...options,
+        publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+        instanceId: 'b-healthy',
+      }),
+    );
+    await waitFor('the lanes shared', () => a.stats().lanesOwned === 16 && b.stats().lanesOwned === 16);
+    // Only the slot has these: the relay streaming it must publish them, or move them to the table.
+    const ids = await d.db.transaction().execute((t) =>
+      walOutbox.enqueue(
+        t,
+        Array.from({ length: 200 }, (_, i) => ({ topic: walTopic, key: `k${i}`, payload: { i } })),
+      ),
+    );
+    const kafka = kafkaClient(kafkaBrokers(), 'relay-step-aside-wal-test');
+    const got = await readTopic(
+      kafka,
+      walTopic,
+      (ms) => new Set(ms.map((m) => m.headers['cairn-message-id'])).size >= 200,
+      30_000,
+    );
+    expect(new Set(got.map((m) => m.headers['cairn-message-id']))).toEqual(new Set(ids));
+    expect(failing.sends).toBeGreaterThan(0);
+    expect(a.stats().steppedAside).toBeGreaterThanOrEqual(1);
+    expect(a.stats().published).toBe(0);
+    await waitFor('relay B streaming the slot', () => b.stats().wal?.streaming === true, 10_000);
+  });
+});
