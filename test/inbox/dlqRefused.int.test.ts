@@ -36,6 +36,15 @@ afterAll(async () => {
   await tdb?.drop();
 });
 
+/** A handler that records the message's `seq`. */
+const recordSeq: InboxHandler = async (trx, m) => {
+  await sql`INSERT INTO seen (seq) VALUES (${m.json<{ seq: number }>().seq})`.execute(trx);
+};
+const seenFrom = async (lo: number) =>
+  (await sql<{ seq: number }>`SELECT seq FROM seen WHERE seq >= ${lo} ORDER BY seq`.execute(tdb.db)).rows.map(
+    (r) => r.seq,
+  );
+
 /** An inbox consumer of `topic` for `fn`, stopped after it. */
 async function withConsumer(
   topic: string,
@@ -143,33 +152,22 @@ describe('a dead letter the broker refuses', () => {
       { key: 'k', value: JSON.stringify({ seq: 13 }), headers: { 'cairn-message-id': uuid() } },
     ]);
     const groupId = `${topic}.g`;
-    await withConsumer(
-      topic,
-      groupId,
-      async (trx, m) => {
-        await sql`INSERT INTO seen (seq) VALUES (${m.json<{ seq: number }>().seq})`.execute(trx);
-      },
-      2,
-      async (consumer) => {
-        await waitFor(
-          'seq 13 applied after the dead letter',
-          () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 1,
-          30_000,
-        );
-        const [row] = await tdb.db
-          .selectFrom('inbox_dlq')
-          .select(['message_id', 'error', 'headers'])
-          .where('consumer_group', '=', groupId)
-          .execute();
-        expect(row?.message_id).toBe(poisonId);
-        expect(row?.error).toContain('\uFFFD');
-        expect(row?.headers).toMatchObject({ note: 'a\uFFFDb' });
-        const seqs = await sql<{ seq: number }>`SELECT seq FROM seen WHERE seq > 10 ORDER BY seq`.execute(
-          tdb.db,
-        );
-        expect(seqs.rows.map((r) => r.seq)).toEqual([11, 13]);
-      },
-    );
+    await withConsumer(topic, groupId, recordSeq, 2, async (consumer) => {
+      await waitFor(
+        'seq 13 applied after the dead letter',
+        () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 1,
+        30_000,
+      );
+      const [row] = await tdb.db
+        .selectFrom('inbox_dlq')
+        .select(['message_id', 'error', 'headers'])
+        .where('consumer_group', '=', groupId)
+        .execute();
+      expect(row?.message_id).toBe(poisonId);
+      expect(row?.error).toContain('\uFFFD');
+      expect(row?.headers).toMatchObject({ note: 'a\uFFFDb' });
+      expect(await seenFrom(11)).toEqual([11, 13]);
+    });
   });
 
   it('a message id, key or tenant with a NUL byte, or too long for the inbox index (a producer outside Cairn), is dead-lettered without its handler running, under its coordinates, and the partition moves on', async () => {
@@ -189,48 +187,37 @@ describe('a dead letter the broker refuses', () => {
       { key: 'k', value: JSON.stringify({ seq: 29 }), headers: { 'cairn-message-id': uuid() } },
     ]);
     const groupId = `${topic}.g`;
-    await withConsumer(
-      topic,
-      groupId,
-      async (trx, m) => {
-        await sql`INSERT INTO seen (seq) VALUES (${m.json<{ seq: number }>().seq})`.execute(trx);
-      },
-      2,
-      async (consumer) => {
-        await waitFor(
-          'seq 29 applied after six dead letters',
-          () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 6,
-          30_000,
-        );
-        const rows = await tdb.db
-          .selectFrom('inbox_dlq')
-          .select(['message_id', 'key', 'tenant_id', 'error'])
-          .where('consumer_group', '=', groupId)
-          .orderBy('offset')
-          .execute();
-        const at = (offset: number) => `${topic}:0:${offset}`;
-        expect(rows.map((r) => [r.message_id, r.key, r.tenant_id])).toEqual([
-          [at(1), 'k', null],
-          [bad[1]!.headers['cairn-message-id'], 'k\uFFFDnul', null],
-          [at(3), 'k', null],
-          [at(4), 'k', null],
-          [at(5), 'k', null],
-          [bad[5]!.headers['cairn-message-id'], huge, 't1'],
-        ]);
-        expect(rows.map((r) => r.error.match(/NUL byte|over \d+ bytes/)?.[0])).toEqual([
-          'NUL byte',
-          'NUL byte',
-          'NUL byte',
-          'over 1024 bytes',
-          'over 256 bytes',
-          'over 2048 bytes',
-        ]);
-        const seqs = await sql<{ seq: number }>`SELECT seq FROM seen WHERE seq >= 20 ORDER BY seq`.execute(
-          tdb.db,
-        );
-        expect(seqs.rows.map((r) => r.seq)).toEqual([20, 29]);
-      },
-    );
+    await withConsumer(topic, groupId, recordSeq, 2, async (consumer) => {
+      await waitFor(
+        'seq 29 applied after six dead letters',
+        () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 6,
+        30_000,
+      );
+      const rows = await tdb.db
+        .selectFrom('inbox_dlq')
+        .select(['message_id', 'key', 'tenant_id', 'error'])
+        .where('consumer_group', '=', groupId)
+        .orderBy('offset')
+        .execute();
+      const at = (offset: number) => `${topic}:0:${offset}`;
+      expect(rows.map((r) => [r.message_id, r.key, r.tenant_id])).toEqual([
+        [at(1), 'k', null],
+        [bad[1]!.headers['cairn-message-id'], 'k\uFFFDnul', null],
+        [at(3), 'k', null],
+        [at(4), 'k', null],
+        [at(5), 'k', null],
+        [bad[5]!.headers['cairn-message-id'], huge, 't1'],
+      ]);
+      expect(rows.map((r) => r.error.match(/NUL byte|over \d+ bytes/)?.[0])).toEqual([
+        'NUL byte',
+        'NUL byte',
+        'NUL byte',
+        'over 1024 bytes',
+        'over 256 bytes',
+        'over 2048 bytes',
+      ]);
+      expect(await seenFrom(20)).toEqual([20, 29]);
+    });
   });
 
   it('a NUL message id does not take the id it would read as with U+FFFD: neither message is taken for the other', async () => {
@@ -242,32 +229,21 @@ describe('a dead letter the broker refuses', () => {
       { key: 'k', value: JSON.stringify({ seq: 34 }), headers: { 'cairn-message-id': 'order-8\u0000' } },
     ]);
     const groupId = `${topic}.g`;
-    await withConsumer(
-      topic,
-      groupId,
-      async (trx, m) => {
-        await sql`INSERT INTO seen (seq) VALUES (${m.json<{ seq: number }>().seq})`.execute(trx);
-      },
-      2,
-      async (consumer) => {
-        await waitFor(
-          'two applied, two dead-lettered',
-          () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 2,
-          30_000,
-        );
-        expect(consumer.stats().duplicates).toBe(0);
-        const seqs = await sql<{ seq: number }>`SELECT seq FROM seen WHERE seq > 30 ORDER BY seq`.execute(
-          tdb.db,
-        );
-        expect(seqs.rows.map((r) => r.seq)).toEqual([32, 33]);
-        const dlq = await tdb.db
-          .selectFrom('inbox_dlq')
-          .select('message_id')
-          .where('consumer_group', '=', groupId)
-          .orderBy('offset')
-          .execute();
-        expect(dlq.map((r) => r.message_id)).toEqual([`${topic}:0:0`, `${topic}:0:3`]);
-      },
-    );
+    await withConsumer(topic, groupId, recordSeq, 2, async (consumer) => {
+      await waitFor(
+        'two applied, two dead-lettered',
+        () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 2,
+        30_000,
+      );
+      expect(consumer.stats().duplicates).toBe(0);
+      expect(await seenFrom(31)).toEqual([32, 33]);
+      const dlq = await tdb.db
+        .selectFrom('inbox_dlq')
+        .select('message_id')
+        .where('consumer_group', '=', groupId)
+        .orderBy('offset')
+        .execute();
+      expect(dlq.map((r) => r.message_id)).toEqual([`${topic}:0:0`, `${topic}:0:3`]);
+    });
   });
 });
