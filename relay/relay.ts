@@ -90,6 +90,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     lostLaneDeletes: 0,
     goneBeforeDelete: 0,
     steppedAside: 0,
+    claims: 0,
     idleMs: 1,
     waitMs: { claim: 0, publish: 0, delete: 0, barrier: 0 },
     waitingFor: null,
@@ -182,6 +183,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   /** A claim, with the lane tokens it was made under. */
   const claim = (exclude: ReadonlyArray<{ id: number; lane: number }>): Promise<FencedClaim> => {
     const fences = new Map(owned);
+    stats.claims++;
     return claimBatch(db, {
       lanes: [...fences.keys()],
       limit: batchSize,
@@ -284,7 +286,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       deletes,
     });
 
-  const wakeup = createWakeup({ log, stopping: () => stopping });
+  const wakeup = createWakeup({ log, stopping: () => stopping, maxDeafMs: maxIdleMs });
   const sleep = wakeup.sleep;
 
   /** Runs a start-up step until its dependency answers; stats.waitingFor says which one meanwhile. */
@@ -363,6 +365,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
           if (owned.size === 0 && stats.waitingFor === 'kafka') stats.waitingFor = null;
           const { n, full } =
             owned.size === 0 ? { n: 0, full: false } : walMode ? await walMode.step() : await processBatch();
+          wakeup.settled(n > 0);
           if (full) {
             idle = 1;
             stats.idleMs = 1;

@@ -81,6 +81,8 @@ export interface RelayStats {
   lostLaneDeletes: number;
   /** Published rows already gone when the relay deleted them: `cairn outbox skip`, or a tenant's own DELETE. */
   goneBeforeDelete: number;
+  /** Claims of the polling loop (each a query, with rows or not). */
+  claims: number;
   /** The current idle sleep of adaptive polling, in ms (1 while busy). */
   idleMs: number;
   /**
