@@ -27,6 +27,16 @@ export function relayMetrics(relay: Relay, db: Db): Registry {
     'Published rows already gone from the outbox when the relay deleted them (skipped by an operator, or deleted by a tenant)',
     () => relay.stats().goneBeforeDelete,
   );
+  counter(
+    'cairn_relay_stepped_aside_total',
+    'Times this relay gave its lanes to the other live relays because no batch reached the broker for twice the lease TTL',
+    () => relay.stats().steppedAside,
+  );
+  counter(
+    'cairn_relay_claims_total',
+    'Claims of the polling loop (queries, with rows or not)',
+    () => relay.stats().claims,
+  );
   new Gauge({
     name: 'cairn_relay_lanes_owned',
     help: 'Outbox lanes this relay owns',

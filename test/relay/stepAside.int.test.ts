@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { relayMetrics } from '../../relay/metrics.js';
 import { createRelay } from '../../relay/relay.js';
 import { createKafkaPublisher, kafkaClient, type Publisher } from '../../src/kafka/publisher.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
@@ -89,6 +90,7 @@ describe('a relay that cannot reach the broker while another can', () => {
       expect(failing.sends).toBeGreaterThan(0); // A did try its lanes first
       expect(a.stats().steppedAside).toBeGreaterThanOrEqual(1);
       expect(a.stats().published).toBe(0);
+      expect(await relayMetrics(a, tdb.db).metrics()).toMatch(/^cairn_relay_stepped_aside_total [1-9]\d*$/m);
       await waitFor('the outbox empty', async () => {
         const left = await tdb.db.selectFrom('outbox').select('id').execute();
         return left.length === 0;
