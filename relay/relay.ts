@@ -17,11 +17,11 @@ import {
   acquireLanes,
   forgetInstance,
   heartbeat,
-  otherLiveInstances,
   releaseLanes,
   renewLanes,
   replicationBarrier,
   seedLanes,
+  stepAsideIfOthersLive,
   synchronousReplication,
 } from './sql/laneLeases.js';
 import { stepAsidePolicy } from './stepAside.js';
@@ -120,16 +120,16 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   async function stepAside(): Promise<void> {
     prefetch = undefined;
     await deletes.finish().catch(() => {});
+    const lanes = await stepAsideIfOthersLive(db, instanceId, ttlMs);
+    if (lanes === undefined) return; // alone: giving the lanes up helps nobody
     await walMode?.stop();
-    const lanes = [...owned.keys()];
-    await releaseLanes(db, instanceId, lanes);
-    await forgetInstance(db, instanceId, ttlMs);
     owned = new Map();
     stats.lanesOwned = 0;
     stats.steppedAside++;
+    stats.waitingFor = null; // holding no lane, nothing waits on this relay for the broker
     log.warn(
       { lanes, for_ms: aside.stepped() },
-      'no batch reached the broker for twice the lease TTL while other relays are live: their turn with these lanes',
+      'the broker could not be reached for twice the lease TTL while other relays are live: their turn with these lanes',
     );
   }
 
@@ -234,7 +234,6 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
         await timed('publish', publishWithRetry(publishing, ready));
         // The broker acknowledges again: no longer waiting for it (see the loop's catch).
         if (stats.waitingFor === 'kafka') stats.waitingFor = null;
-        aside.published();
       }
       sentIds = ready.map((b) => b.row.id);
     } catch (err) {
@@ -366,6 +365,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
           const { n, full } =
             owned.size === 0 ? { n: 0, full: false } : walMode ? await walMode.step() : await processBatch();
           wakeup.settled(n > 0);
+          aside.succeeded();
           if (full) {
             idle = 1;
             stats.idleMs = 1;
@@ -388,7 +388,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
             // Rows are held until the broker acknowledges them: say so where an operator looks
             // (/readyz answers 503, cairn_relay_waiting_for 1) until a batch goes through.
             stats.waitingFor = 'kafka';
-            if (await aside.failed(() => otherLiveInstances(db, instanceId, ttlMs))) {
+            if (aside.failed(err.cause)) {
               await stepAside().catch((e: Error) => log.warn({ err: e.message }, 'could not step aside'));
               lastRebalance = Number.NEGATIVE_INFINITY;
             }

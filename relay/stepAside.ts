@@ -1,17 +1,21 @@
+import { isBrokerUnreachable } from '../src/kafka/classifyError.js';
+
 /**
- * When a relay whose batches do not reach the broker gives its lanes to the others. A relay
- * that alone cannot reach the broker (its network, a producer stuck) kept its lanes, renewing
- * them in Postgres, and their messages waited for good while other relays could send them.
- * After twice the lease TTL without an acknowledged batch, while another relay is live, it
- * steps aside; it comes back after twice the TTL and tries again, and each time it has to step
- * aside again it stays away twice as long (at most 64 TTLs): the lanes it takes back wait while
- * it fails. A success resets both.
+ * When a relay that cannot reach the broker gives its lanes to the others. A relay that alone
+ * cannot reach it (its network, a producer stuck) kept its lanes, renewing them in Postgres,
+ * and their messages waited for good while other relays could send them. After twice the lease
+ * TTL of sends failing because the broker could not be reached (isBrokerUnreachable: not a
+ * broker's answer about a message or a topic, which would follow the lane to any relay), the
+ * relay steps aside if another relay is live (relay/sql/laneLeases.ts stepAsideIfOthersLive). It
+ * comes back after twice the TTL, and each time it has to step aside again it stays away twice
+ * as long (at most 64 TTLs): the lanes it takes back wait while it fails. A step that ends
+ * without a failure (a batch sent, or nothing to send) resets both.
  */
 export interface StepAside {
-  /** A batch reached the broker. */
-  published(): void;
-  /** A batch did not: whether it is time to step aside (`othersLive` is asked only then). */
-  failed(othersLive: () => Promise<number>): Promise<boolean>;
+  /** A step of the loop ended without a failure. */
+  succeeded(): void;
+  /** A send failed with `err`: whether it is time to step aside (if another relay is live). */
+  failed(err: unknown): boolean;
   /** It stepped aside now: for how long (ms). */
   stepped(): number;
   /** Ms left before it takes lanes again (0: not aside). */
@@ -23,13 +27,17 @@ export function stepAsidePolicy(ttlMs: number, now: () => number = () => perform
   let asideUntil = 0;
   let asideMs = 2 * ttlMs;
   return {
-    published() {
+    succeeded() {
       failingSince = undefined;
       asideMs = 2 * ttlMs;
     },
-    async failed(othersLive) {
+    failed(err) {
+      if (!isBrokerUnreachable(err)) {
+        failingSince = undefined; // the broker answered: about a message, which another relay would meet too
+        return false;
+      }
       failingSince ??= now();
-      return now() - failingSince >= 2 * ttlMs && (await othersLive().catch(() => 0)) > 0;
+      return now() - failingSince >= 2 * ttlMs;
     },
     stepped() {
       const ms = asideMs;

@@ -1,4 +1,5 @@
 import { sql } from 'kysely';
+import type { Db } from '../../src/db/database.js';
 import type { Executor } from '../../src/db/executor.js';
 import { LANE_COUNT } from '../../src/outbox/lanes.js';
 
@@ -17,13 +18,31 @@ export async function heartbeat(db: Executor, instanceId: string, ttlMs: number)
   return Math.max(1, rows[0]!.live);
 }
 
-/** How many relays other than this one were seen within the lease TTL. */
-export async function otherLiveInstances(db: Executor, instanceId: string, ttlMs: number): Promise<number> {
-  const { rows } = await sql<{ live: number }>`
-    SELECT count(*)::int AS live FROM relay_instance
-     WHERE instance_id <> ${instanceId} AND last_seen > now() - make_interval(secs => ${ttlMs / 1000})
-  `.execute(db);
-  return rows[0]!.live;
+/**
+ * Gives every lane this instance owns back and forgets the instance (the others then count it
+ * out of their share), only if another relay was seen within the lease TTL; returns the lanes
+ * given, or undefined when no other relay is live (nothing changed). One transaction under an
+ * advisory lock: two relays that both see the other live cannot both step aside.
+ */
+export async function stepAsideIfOthersLive(
+  db: Db,
+  instanceId: string,
+  ttlMs: number,
+): Promise<number[] | undefined> {
+  return db.transaction().execute(async (trx) => {
+    await sql`SELECT pg_advisory_xact_lock(hashtext('cairn.relay.step_aside'))`.execute(trx);
+    const { rows } = await sql<{ live: number }>`
+      SELECT count(*)::int AS live FROM relay_instance
+       WHERE instance_id <> ${instanceId} AND last_seen > now() - make_interval(secs => ${ttlMs / 1000})
+    `.execute(trx);
+    if (rows[0]!.live === 0) return undefined;
+    const { rows: given } = await sql<{ lane: number }>`
+      UPDATE relay_lane SET owner = NULL, expires_at = '-infinity' WHERE owner = ${instanceId} RETURNING lane`.execute(
+      trx,
+    );
+    await sql`DELETE FROM relay_instance WHERE instance_id = ${instanceId}`.execute(trx);
+    return given.map((g) => g.lane).sort((a, b) => a - b);
+  });
 }
 
 /** Extends the leases this instance still holds; returns them with their fencing tokens. */

@@ -353,6 +353,7 @@ export function createWalMode(o: {
     },
     async stop() {
       await stream?.stop().catch(() => {});
+      forgedBefore += stream?.forged ?? 0; // counted on: a stopped stream's count is not lost
       stream = undefined;
     },
     stats() {

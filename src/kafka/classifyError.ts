@@ -147,3 +147,43 @@ export function isRefusedKafkaError(err: unknown): boolean {
     errors.length > 0 && errors.every((e) => (e as { retriable?: unknown } | null)?.retriable === false);
   return kafkajs || someInChain(err, (e) => (e as { canRetry?: unknown }).canRetry === false);
 }
+
+/** Socket errors (Node's `code`) of a broker this process cannot reach. */
+const UNREACHABLE_CODES = new Set([
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'ETIMEDOUT',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'EPIPE',
+  'ENOTFOUND',
+  'EAI_AGAIN',
+]);
+const UNREACHABLE_NAMES = new Set([
+  'KafkaJSConnectionError',
+  'KafkaJSConnectionClosedError',
+  'KafkaJSRequestTimeoutError',
+  'KafkaJSBrokerNotFound',
+]);
+/** librdkafka's local codes: transport (-195), all brokers down (-187), timed out (-185), a message timed out (-192). */
+const UNREACHABLE_RD_CODES = new Set([-195, -187, -185, -192]);
+
+/**
+ * A send failed because this process could not reach the broker (refused, reset or timed-out
+ * connections), not because of what it sent: a broker answer about a topic or a message (a
+ * partition without a leader, a topic that does not exist) is not one. The relay gives its
+ * lanes to others only for this (relay/stepAside.ts): another relay may reach the broker, while
+ * a message's failure would follow its lane to any relay.
+ */
+export function isBrokerUnreachable(err: unknown): boolean {
+  return someInChain(err, (e) => {
+    const { name, code } = e as { name?: unknown; code?: unknown };
+    const rdCode = librdkafkaCode(e);
+    return (
+      (typeof name === 'string' && UNREACHABLE_NAMES.has(name)) ||
+      (typeof code === 'string' &&
+        (UNREACHABLE_CODES.has(code) || code === 'PLT_KFK_NETWORK' || code === 'PLT_KFK_TIMEOUT')) ||
+      (rdCode !== undefined && UNREACHABLE_RD_CODES.has(rdCode))
+    );
+  });
+}

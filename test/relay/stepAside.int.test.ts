@@ -1,7 +1,12 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { relayMetrics } from '../../relay/metrics.js';
-import { createRelay } from '../../relay/relay.js';
-import { createKafkaPublisher, kafkaClient, type Publisher } from '../../src/kafka/publisher.js';
+import { createRelay, type Relay } from '../../relay/relay.js';
+import {
+  createKafkaPublisher,
+  kafkaClient,
+  type Publisher,
+  type PublishMessage,
+} from '../../src/kafka/publisher.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import {
   createTestDatabase,
@@ -33,21 +38,45 @@ afterAll(async () => {
   await tdb?.drop();
 });
 
-/** The real publisher, with every send failing as one to an unreachable broker does. */
-function unreachable(): Publisher & { sends: number } {
+/** What kafkajs throws when it cannot connect to the broker (injected: this relay cannot reach it). */
+const connectionRefused = () =>
+  Object.assign(new Error('Connection error: connect ECONNREFUSED (injected)'), {
+    name: 'KafkaJSConnectionError',
+    retriable: true,
+  });
+
+/** The real publisher, with a send failing with what `fail` returns for its messages (nothing: sent). */
+function faulty(
+  fail: (ms: readonly PublishMessage[]) => Promise<Error | undefined>,
+): Publisher & { sends: number } {
   const real = createKafkaPublisher({ brokers: kafkaBrokers() });
   const p = {
     sends: 0,
     address: real.address,
     connect: () => real.connect(),
     disconnect: () => real.disconnect(),
-    async publish() {
+    async publish(ms: readonly PublishMessage[]) {
       p.sends++;
-      throw new Error('connect ECONNREFUSED (injected: this relay cannot reach the broker)');
+      const err = await fail(ms);
+      if (err) throw err;
+      return real.publish(ms);
     },
   };
   return p;
 }
+const unreachable = () => faulty(async () => connectionRefused());
+const published = (...rs: Relay[]) => rs.reduce((n, r) => n + r.stats().published, 0);
+const twoRelays = (fail: Parameters<typeof faulty>[0], ids: [string, string]) =>
+  ids.map((instanceId) =>
+    createRelay({
+      db: tdb.db,
+      publisher: faulty(fail),
+      instanceId,
+      leaseTtlMs: 1500,
+      publishRetries: 0,
+      maxIdleMs: 20,
+    }),
+  ) as [Relay, Relay];
 
 describe('a relay that cannot reach the broker while another can', () => {
   it('gives its lanes to the other relay: every message is published, none waits for it', async () => {
@@ -99,6 +128,100 @@ describe('a relay that cannot reach the broker while another can', () => {
       await a.stop();
       await b.stop();
       await Promise.all([aDone, bDone]);
+    }
+  });
+});
+
+describe('what is not a relay cut off from the broker (review)', () => {
+  it('a broker answer about a message (a topic that does not exist) stays with its lane: no relay steps aside, the other lanes flow', async () => {
+    const missing = `${topic}-no-such-topic`;
+    const [a, b] = twoRelays(
+      async (ms) =>
+        ms.some((m) => m.topic === missing)
+          ? Object.assign(new Error('This server does not host this topic-partition'), {
+              type: 'UNKNOWN_TOPIC_OR_PARTITION',
+              retriable: true,
+            })
+          : undefined,
+      ['a-topic', 'b-topic'],
+    );
+    const done = [a.run(), b.run()];
+    try {
+      await waitFor(
+        'the lanes shared',
+        () => a.stats().lanesOwned === 16 && b.stats().lanesOwned === 16,
+        15_000,
+      );
+      await tdb.db
+        .transaction()
+        .execute((t) => outbox.enqueue(t, [{ topic: missing, key: 'bad', payload: {} }]));
+      await new Promise((r) => setTimeout(r, 4000)); // past twice the TTL of failures
+      expect(a.stats().steppedAside + b.stats().steppedAside).toBe(0);
+      const before = published(a, b);
+      await tdb.db.transaction().execute((t) =>
+        outbox.enqueue(
+          t,
+          Array.from({ length: 100 }, (_, i) => ({ topic, key: `good${i}`, payload: { i } })),
+        ),
+      );
+      await waitFor(
+        'the good messages of the other lanes published',
+        () => published(a, b) - before >= 40,
+        5000,
+      );
+    } finally {
+      await a.stop();
+      await b.stop();
+      await Promise.all(done);
+      await tdb.db.deleteFrom('outbox').execute();
+    }
+  });
+
+  it('an outage both relays see at once: only one steps aside, and the other sends as soon as the broker is back', async () => {
+    let down = false;
+    let waiters: Array<() => void> = [];
+    // While down, both relays' sends fail together (their failure clocks start at the same moment).
+    const outage = async () => {
+      if (!down) return undefined;
+      await new Promise<void>((r) => {
+        waiters.push(r);
+        if (waiters.length >= 2) {
+          for (const w of waiters) w();
+          waiters = [];
+        } else setTimeout(r, 1000);
+      });
+      return connectionRefused();
+    };
+    const [a, b] = twoRelays(outage, ['a-outage', 'b-outage']);
+    const done = [a.run(), b.run()];
+    try {
+      await waitFor(
+        'the lanes shared',
+        () => a.stats().lanesOwned === 16 && b.stats().lanesOwned === 16,
+        15_000,
+      );
+      down = true;
+      await tdb.db.transaction().execute((t) =>
+        outbox.enqueue(
+          t,
+          Array.from({ length: 200 }, (_, i) => ({ topic, key: `o${i}`, payload: { i } })),
+        ),
+      );
+      await waitFor(
+        'a relay to step aside',
+        () => a.stats().steppedAside + b.stats().steppedAside > 0,
+        15_000,
+      );
+      await new Promise((r) => setTimeout(r, 500));
+      expect(a.stats().steppedAside + b.stats().steppedAside).toBe(1);
+      down = false;
+      const back = performance.now();
+      await waitFor('every message published', () => published(a, b) >= 200, 20_000);
+      expect(performance.now() - back).toBeLessThan(2500); // the other relay did not leave too (2x TTL away)
+    } finally {
+      await a.stop();
+      await b.stop();
+      await Promise.all(done);
     }
   });
 });

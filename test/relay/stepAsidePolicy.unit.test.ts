@@ -1,33 +1,65 @@
 import { describe, expect, it } from 'vitest';
 import { stepAsidePolicy } from '../../relay/stepAside.js';
 
-describe('when a relay that cannot publish steps aside', () => {
-  it('after twice the TTL of failures with another relay live; away twice as long each time; a success resets it', async () => {
+/** What kafkajs throws once its retries to an unreachable broker are spent. */
+const unreachable = () =>
+  Object.assign(new Error('KafkaJSNumberOfRetriesExceeded'), {
+    cause: Object.assign(new Error('Connection error: connect ECONNREFUSED 127.0.0.1:9092'), {
+      name: 'KafkaJSConnectionError',
+    }),
+  });
+/** A broker's answer about a topic: another relay would meet it too. */
+const unknownTopic = () =>
+  Object.assign(new Error('This server does not host this topic-partition'), {
+    type: 'UNKNOWN_TOPIC_OR_PARTITION',
+    retriable: true,
+  });
+
+describe('when a relay that cannot reach the broker steps aside', () => {
+  it('after twice the TTL of unreachable-broker failures; away twice as long each time; a good step resets it', () => {
     let t = 0;
     const p = stepAsidePolicy(1000, () => t);
-    const one = async () => 1;
-    expect(await p.failed(one)).toBe(false); // the first failure starts the clock
+    expect(p.failed(unreachable())).toBe(false); // the first failure starts the clock
     t = 1999;
-    expect(await p.failed(one)).toBe(false);
+    expect(p.failed(unreachable())).toBe(false);
     t = 2000;
-    expect(await p.failed(async () => 0)).toBe(false); // alone: stepping aside helps nobody
-    expect(await p.failed(async () => Promise.reject(new Error('postgres down')))).toBe(false);
-    expect(await p.failed(one)).toBe(true);
+    expect(p.failed(unreachable())).toBe(true);
     expect(p.stepped()).toBe(2000);
     expect(p.asideForMs).toBe(2000);
     t = 4000;
     expect(p.asideForMs).toBe(0);
-    expect(await p.failed(one)).toBe(false); // back: the clock starts again
+    expect(p.failed(unreachable())).toBe(false); // back: the clock starts again
     t = 6000;
-    expect(await p.failed(one)).toBe(true);
+    expect(p.failed(unreachable())).toBe(true);
     expect(p.stepped()).toBe(4000);
     for (let i = 0; i < 10; i++) p.stepped();
     expect(p.stepped()).toBe(64_000); // capped
-    p.published();
+    p.succeeded();
     t = 100_000;
-    expect(await p.failed(one)).toBe(false);
+    expect(p.failed(unreachable())).toBe(false);
     t = 102_000;
-    expect(await p.failed(one)).toBe(true);
+    expect(p.failed(unreachable())).toBe(true);
     expect(p.stepped()).toBe(2000);
+  });
+
+  it('a failure, then steps without one (idle), then a failure an hour later: the clock starts again', () => {
+    let t = 0;
+    const p = stepAsidePolicy(1000, () => t);
+    expect(p.failed(unreachable())).toBe(false);
+    t = 500;
+    p.succeeded(); // a step with nothing to send
+    t = 3_600_000;
+    expect(p.failed(unreachable())).toBe(false);
+  });
+
+  it('a broker answer about a message or topic never makes it step aside, and stops the clock', () => {
+    let t = 0;
+    const p = stepAsidePolicy(1000, () => t);
+    for (; t <= 10_000; t += 500) expect(p.failed(unknownTopic())).toBe(false);
+    expect(p.failed(unreachable())).toBe(false);
+    t += 1000;
+    expect(p.failed(unknownTopic())).toBe(false);
+    t += 1500;
+    expect(p.failed(unreachable())).toBe(false); // the clock started again at the last unreachable one
   });
 });
