@@ -1,5 +1,6 @@
 import pRetry, { AbortError } from 'p-retry';
 import type { Db } from '../src/db/database.js';
+import { CairnError, CairnErrorCodes } from '../src/errors.js';
 import { isPoisonError, isProducerStateError } from '../src/kafka/classifyError.js';
 import { PartlyPublishedError } from '../src/kafka/partlyPublished.js';
 import type { Publisher, PublishMessage } from '../src/kafka/publisher.js';
@@ -26,6 +27,16 @@ export interface PublishContext {
   hooks: RelayTestHooks;
   /** Where acknowledged batches are reported for the histograms (relay/metrics.ts). */
   observed: Observations<RelayObservation>;
+}
+
+/** A batch the broker did not acknowledge (its rows stay, the loop tries again; the cause says why). */
+export class PublishFailed extends CairnError {
+  constructor(cause: unknown) {
+    super(CairnErrorCodes.PublishFailed, `publish failed: ${(cause as Error)?.message ?? String(cause)}`, {
+      retriable: true,
+      cause,
+    });
+  }
 }
 
 /** A row and the message it becomes (Cairn's headers from its columns, src/outbox/wire.ts). */

@@ -1,26 +1,30 @@
 import { randomUUID } from 'node:crypto';
 import { databaseAddress, pingDatabase } from '../src/db/database.js';
 import { isConfigurationSqlError, isDatabaseOutage, mapSqlError } from '../src/db/sqlstate.js';
-import { CairnError, CairnErrorCodes, ConfigurationError } from '../src/errors.js';
+import { ConfigurationError } from '../src/errors.js';
 import { isKafkaConfigurationError, isPoisonError } from '../src/kafka/classifyError.js';
 import { silentLogger } from '../src/logger.js';
 import { observations, withObservations } from '../src/metrics/observations.js';
 import { parseOptions } from '../src/options.js';
-import { LANE_COUNT } from '../src/outbox/lanes.js';
 import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
 import { createDeletePipeline } from './deletePipeline.js';
-import { RelayOptionsSchema } from './options.js';
-import { isolatePoison, type PublishContext, publishWithRetry, toMessages } from './publishBatch.js';
+import { DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCH_BYTES, RelayOptionsSchema } from './options.js';
+import {
+  isolatePoison,
+  type PublishContext,
+  PublishFailed,
+  publishWithRetry,
+  toMessages,
+} from './publishBatch.js';
 import type { RelayObservation } from './publishSpan.js';
 import { type Claim, type ClaimedRow, claimBatch } from './sql/claimBatch.js';
 import {
-  acquireLanes,
   forgetInstance,
-  heartbeat,
   releaseLanes,
   renewLanes,
   replicationBarrier,
   seedLanes,
+  shareLanes,
   stepAsideIfOthersLive,
   synchronousReplication,
 } from './sql/laneLeases.js';
@@ -33,34 +37,11 @@ import { writeToTable } from './wal/walToTable.js';
 
 export type { Relay, RelayOptions, RelayStats } from './types.js';
 
-/**
- * Messages per claim. Measured on the 2-core dev machine (real broker, 40k x 200 B backlog,
- * one run, median of 3, CPU per message Node + Postgres + broker): 1,000 -> 60.6 us,
- * 2,500 -> 38.9, 5,000 -> 41.0. A claim's fixed costs (planning, round trips, one produce
- * request per partition) are paid per batch; past ~2,500 the gain is gone.
- */
-const DEFAULT_BATCH_SIZE = 2500;
-/**
- * Payload bytes per claim (1 MiB, the broker's default message.max.bytes): with large messages
- * the batch is cut by bytes before it is by count, so neither the relay's memory nor a produce
- * request grows with the payloads.
- */
-const DEFAULT_MAX_BATCH_BYTES = 1024 * 1024;
-
 /** A claim and the lane tokens it was made under (lane -> fencing token). */
 type FencedClaim = Claim & { fences: ReadonlyMap<number, number> };
 
 /** Errors at start that are no outage (the lanes or the slot refused): they end the wait. */
 const refusedAtStart = new WeakSet<object>();
-
-class PublishFailed extends CairnError {
-  constructor(cause: unknown) {
-    super(CairnErrorCodes.PublishFailed, `publish failed: ${(cause as Error)?.message ?? String(cause)}`, {
-      retriable: true,
-      cause,
-    });
-  }
-}
 
 /**
  * Makes a relay; nothing connects until run(). Call stop() to end it (it holds the lanes,
@@ -112,11 +93,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   let barrierNeeded = false;
   const aside = stepAsidePolicy(ttlMs);
 
-  /**
-   * Gives this relay's lanes and WAL stream to the other live relays (relay/stepAside.ts): what
-   * it claimed and did not send is still in the table (or the slot), under the lanes' next
-   * fencing tokens. It forgets its instance row too, so the others count it out of their share.
-   */
+  /** Gives the lanes and WAL stream to the other live relays (relay/stepAside.ts); unsent rows stay in the table or slot. */
   async function stepAside(): Promise<void> {
     prefetch = undefined;
     await deletes.finish().catch(() => {});
@@ -124,9 +101,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     if (lanes === undefined) return; // alone: giving the lanes up helps nobody
     await walMode?.stop();
     owned = new Map();
-    stats.lanesOwned = 0;
-    stats.steppedAside++;
-    stats.waitingFor = null; // holding no lane, nothing waits on this relay for the broker
+    Object.assign(stats, { lanesOwned: 0, steppedAside: stats.steppedAside + 1, waitingFor: null });
     log.warn(
       { lanes, for_ms: aside.stepped() },
       'the broker could not be reached for twice the lease TTL while other relays are live: their turn with these lanes',
@@ -134,20 +109,8 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   }
 
   async function rebalance(): Promise<void> {
-    const live = await heartbeat(db, instanceId, ttlMs);
     barrierNeeded = options.replicationBarrier !== 'off' && (await synchronousReplication(db));
-    owned = await renewLanes(db, instanceId, ttlMs);
-    const share = Math.ceil(LANE_COUNT / live);
-    if (owned.size > share) {
-      const surplus = [...owned.keys()].slice(share);
-      await releaseLanes(db, instanceId, surplus);
-      for (const l of surplus) owned.delete(l);
-      log.info({ released: surplus, live }, 'released lanes to rebalance');
-    } else if (owned.size < share) {
-      const got = await acquireLanes(db, instanceId, share - owned.size, ttlMs);
-      for (const [l, t] of got) owned.set(l, t);
-      if (got.size > 0) log.info({ lanes: [...got.keys()], live }, 'acquired lanes');
-    }
+    owned = await shareLanes(db, { instanceId, ttlMs, log });
     stats.lanesOwned = owned.size;
   }
 

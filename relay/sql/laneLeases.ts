@@ -1,6 +1,7 @@
 import { sql } from 'kysely';
 import type { Db } from '../../src/db/database.js';
 import type { Executor } from '../../src/db/executor.js';
+import type { Logger } from '../../src/logger.js';
 import { LANE_COUNT } from '../../src/outbox/lanes.js';
 
 export async function seedLanes(db: Executor): Promise<void> {
@@ -123,4 +124,29 @@ export const replicationBarrier = touchInstance;
 async function touchInstance(db: Executor, instanceId: string): Promise<void> {
   await sql`INSERT INTO relay_instance (instance_id) VALUES (${instanceId})
             ON CONFLICT (instance_id) DO UPDATE SET last_seen = now()`.execute(db);
+}
+
+/**
+ * Records this instance as alive, renews its leases and takes its share of the lanes (all of
+ * them divided by the live instances): the surplus is released, the shortfall acquired from
+ * lanes no one holds. Returns the lanes it holds now, with their fencing tokens.
+ */
+export async function shareLanes(
+  db: Executor,
+  o: { instanceId: string; ttlMs: number; log: Logger },
+): Promise<Map<number, number>> {
+  const live = await heartbeat(db, o.instanceId, o.ttlMs);
+  const owned = await renewLanes(db, o.instanceId, o.ttlMs);
+  const share = Math.ceil(LANE_COUNT / live);
+  if (owned.size > share) {
+    const surplus = [...owned.keys()].slice(share);
+    await releaseLanes(db, o.instanceId, surplus);
+    for (const l of surplus) owned.delete(l);
+    o.log.info({ released: surplus, live }, 'released lanes to rebalance');
+  } else if (owned.size < share) {
+    const got = await acquireLanes(db, o.instanceId, share - owned.size, o.ttlMs);
+    for (const [l, t] of got) owned.set(l, t);
+    if (got.size > 0) o.log.info({ lanes: [...got.keys()], live }, 'acquired lanes');
+  }
+  return owned;
 }
