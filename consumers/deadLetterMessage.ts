@@ -1,6 +1,6 @@
 import type { Db } from '../src/db/database.js';
 import { messageOf } from '../src/errors.js';
-import { isPoisonError, isRetriableKafkaError } from '../src/kafka/classifyError.js';
+import { isPoisonError, isRetriableKafkaError, someInChain } from '../src/kafka/classifyError.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import type { Logger } from '../src/logger.js';
 import { DLQ_HEADER, HEADER } from '../src/outbox/wire.js';
@@ -12,13 +12,7 @@ import { recordDeadLetter } from './sql/recordDeadLetter.js';
  * Whether the error, or one it wraps, is one the client would try again: kafkajs wraps the
  * last retriable error (CORRUPT_MESSAGE, say) in a non-retriable "retries exceeded" one.
  */
-function retriableInChain(err: unknown): boolean {
-  for (let e = err, depth = 0; e && typeof e === 'object' && depth < 10; depth++) {
-    if (isRetriableKafkaError(e)) return true;
-    e = (e as { cause?: unknown }).cause;
-  }
-  return false;
-}
+const retriableInChain = (err: unknown) => someInChain(err, isRetriableKafkaError);
 
 /** An inbox consumer's dead letters: sent to `<topic>.dlq`, then recorded in `inbox_dlq`. */
 export function deadLetterer(o: {

@@ -51,7 +51,7 @@ export function isPoisonError(err: unknown): boolean {
  * `errors` (an AggregateError: @platformatic/kafka reports a failed send as one holding each
  * attempt's error, and a broker response as one holding each partition's).
  */
-function someInChain(err: unknown, test: (e: object) => boolean): boolean {
+export function someInChain(err: unknown, test: (e: object) => boolean): boolean {
   const seen = new Set<unknown>();
   const todo: unknown[] = [err];
   while (todo.length > 0) {
