@@ -325,10 +325,12 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
           }
           // Without lanes nothing waits for the broker here: say so (the metric would alert forever).
           if (owned.size === 0 && stats.waitingFor === 'kafka') stats.waitingFor = null;
+          const publishedBefore = stats.published;
           const { n, full } =
             owned.size === 0 ? { n: 0, full: false } : walMode ? await walMode.step() : await processBatch();
           wakeup.settled(n > 0);
-          aside.succeeded();
+          // Sent: acknowledged by the broker (a WAL step's rows may only have moved to the table).
+          stats.published > publishedBefore ? aside.sent() : aside.idle();
           if (full) {
             idle = 1;
             stats.idleMs = 1;

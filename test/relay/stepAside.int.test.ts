@@ -1,3 +1,4 @@
+import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { relayMetrics } from '../../relay/metrics.js';
 import { createRelay, type Relay } from '../../relay/relay.js';
@@ -273,4 +274,86 @@ describe('a WAL relay that cannot reach the broker while another can', () => {
     expect(a.stats().published).toBe(0);
     await waitFor('relay B streaming the slot', () => b.stats().wal?.streaming === true, 10_000);
   });
+});
+
+/**
+ * Review: a relay cut off for good came back every 4 TTLs, because a step with nothing to send
+ * (it has no lanes yet when it comes back) reset its backoff; and in WAL-messages mode, a step
+ * whose streamed messages only moved to the table counted as a good one and reset the failure
+ * clock. Messages keep arriving here, so relay A always has something to fail on.
+ */
+describe('a relay cut off for good, with messages arriving all the time', () => {
+  async function awayTimes(
+    mode: 'polling' | 'wal',
+  ): Promise<{ away: number[]; a: Relay; b: Relay; stop: () => Promise<void> }> {
+    const d = mode === 'wal' ? await wal.database('backoff') : undefined;
+    const db = d?.db ?? tdb.db;
+    const writer = mode === 'wal' ? walOutbox : outbox;
+    const lines: string[] = [];
+    const base = {
+      db,
+      leaseTtlMs: 500,
+      maxIdleMs: 20,
+      ...(d && { wal: { connectionString: d.url, slot: d.slot, sweepEveryMs: 100 } }),
+    };
+    const a = createRelay({
+      ...base,
+      publisher: unreachable(),
+      instanceId: `a-${mode}-for-good`,
+      publishRetries: 0,
+      logger: pino({ level: 'warn' }, { write: (line: string) => void lines.push(line) }),
+    });
+    const b = createRelay({
+      ...base,
+      publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+      instanceId: `b-${mode}-healthy`,
+    });
+    const done = [a.run()];
+    // A streams the slot first (WAL messages need a registered reader), then B shares the lanes.
+    await waitFor(
+      'relay A to own every lane',
+      () => a.stats().lanesOwned === 32 && (!d || wal.streaming(a)),
+      30_000,
+    );
+    done.push(b.run());
+    let writing = true;
+    const writes = (async () => {
+      for (let i = 0; writing; i++) {
+        await db
+          .transaction()
+          .execute((t) => writer.enqueue(t, [{ topic, key: `f${i % 64}`, payload: { i } }]));
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    })();
+    const stop = async () => {
+      writing = false;
+      await writes;
+      await a.stop();
+      await b.stop();
+      await Promise.all(done);
+    };
+    await waitFor('relay A to step aside three times', () => a.stats().steppedAside >= 3, 40_000).catch(
+      async (err: unknown) => {
+        await stop();
+        throw err;
+      },
+    );
+    const away = lines
+      .map((l) => JSON.parse(l) as { for_ms?: number })
+      .flatMap((l) => (l.for_ms === undefined ? [] : [l.for_ms]));
+    return { away, a, b, stop };
+  }
+
+  for (const mode of ['polling', 'wal'] as const) {
+    it(`${mode}: it stays away twice as long each time (2, 4, 8 TTLs), and the healthy relay sends`, async () => {
+      const { away, a, b, stop } = await awayTimes(mode);
+      try {
+        expect(away.slice(0, 3)).toEqual([1000, 2000, 4000]);
+        expect(a.stats().published).toBe(0);
+        expect(b.stats().published).toBeGreaterThan(0);
+      } finally {
+        await stop();
+      }
+    });
+  }
 });

@@ -34,7 +34,7 @@ describe('when a relay that cannot reach the broker steps aside', () => {
     expect(p.stepped()).toBe(4000);
     for (let i = 0; i < 10; i++) p.stepped();
     expect(p.stepped()).toBe(64_000); // capped
-    p.succeeded();
+    p.sent();
     t = 100_000;
     expect(p.failed(unreachable())).toBe(false);
     t = 102_000;
@@ -42,14 +42,39 @@ describe('when a relay that cannot reach the broker steps aside', () => {
     expect(p.stepped()).toBe(2000);
   });
 
-  it('a failure, then steps without one (idle), then a failure an hour later: the clock starts again', () => {
+  it('a failure, then steps without one (idle) for an hour, then a failure: the clock starts again', () => {
     let t = 0;
     const p = stepAsidePolicy(1000, () => t);
     expect(p.failed(unreachable())).toBe(false);
-    t = 500;
-    p.succeeded(); // a step with nothing to send
     t = 3_600_000;
+    p.idle(); // a step with nothing to send, long after
+    t = 3_600_001;
     expect(p.failed(unreachable())).toBe(false);
+  });
+
+  it('steps that send nothing (no lanes yet, or the sweep of an empty table) do not reset the backoff, nor the clock right after a failure (review)', () => {
+    let t = 0;
+    const p = stepAsidePolicy(1000, () => t);
+    p.failed(unreachable());
+    t = 2000;
+    expect(p.failed(unreachable())).toBe(true);
+    expect(p.stepped()).toBe(2000);
+    t = 4000; // back, with no lanes at first: steps with nothing to send
+    p.idle();
+    t = 4500;
+    p.idle();
+    expect(p.failed(unreachable())).toBe(false); // lanes again, still cut off
+    t = 4600;
+    p.idle(); // a step between two failures that sent nothing (WAL mode: the table's sweep found no row)
+    t = 6500;
+    expect(p.failed(unreachable())).toBe(true);
+    expect(p.stepped()).toBe(4000); // away twice as long
+    t = 10_000;
+    p.sent();
+    p.failed(unreachable());
+    t = 12_000;
+    expect(p.failed(unreachable())).toBe(true);
+    expect(p.stepped()).toBe(2000); // a batch sent reset it
   });
 
   it('a broker answer about a message or topic never makes it step aside, and stops the clock', () => {
