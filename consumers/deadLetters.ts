@@ -124,6 +124,18 @@ async function replayLocked(
       ]);
     }
     const dl = found[0]!;
+    // Dead-lettered with no tenant because its own could not be stored (deadLetterIdentity): a
+    // copy would be applied as the tenant its header names, or with none. It is no tenant's.
+    const named = dl.tenant_id === null ? dl.headers[HEADER.tenant] : undefined;
+    if (named) {
+      throw new ValidationError('replay', [
+        {
+          path: HEADER.tenant,
+          message: `message ${a.messageId} names a tenant the inbox cannot store (a NUL byte, or over 256 bytes): it is no tenant's, and is not replayed; nothing was sent`,
+          value: named.slice(0, 200),
+        },
+      ]);
+    }
     const tenant = sql<boolean>`coalesce(tenant_id, '') = ${dl.tenant_id ?? ''}`;
     const inbox = await trx
       .selectFrom('inbox')

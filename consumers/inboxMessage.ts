@@ -125,11 +125,12 @@ export function refuseUnstorable(m: InboxMessage): void {
 
 /**
  * What a dead letter is recorded under (its inbox row, its inbox_dlq row, the check that no
- * consumer applied it). A message whose id or tenant cannot be stored as it is goes under its
- * Kafka coordinates (`topic:partition:offset`, the id of a message without one) and no tenant:
- * a NUL replaced, or a value cut, would make it another message's id. A key that cannot be
- * stored is kept with NUL replaced (it is not what the row is unique by), and not in the inbox
- * row when too long for its index.
+ * consumer applied it). A message whose id cannot be stored as it is goes under its Kafka
+ * coordinates (`topic:partition:offset`, the id of a message without one) and its tenant: a NUL
+ * replaced, or a value cut, would make it another message's id. One whose tenant cannot be
+ * stored goes under its coordinates and no tenant (it is no tenant's: `cairn inbox replay`
+ * refuses it). A key that cannot be stored is kept with NUL replaced (it is not what the row is
+ * unique by), and not in the inbox row when too long for its index.
  */
 export function deadLetterIdentity(m: InboxMessage): {
   messageId: string;
@@ -139,9 +140,10 @@ export function deadLetterIdentity(m: InboxMessage): {
 } {
   const key = m.key === null ? null : m.key.replaceAll(NUL, '\uFFFD');
   const inboxKey = key !== null && unstorable('key', key) === undefined ? key : null;
-  if (unstorable('cairn-message-id', m.messageId) || unstorable('cairn-tenant', m.tenantId))
-    return { messageId: `${m.topic}:${m.partition}:${m.offset}`, tenantId: null, key, inboxKey };
-  return { messageId: m.messageId, tenantId: m.tenantId ?? null, key, inboxKey };
+  const at = `${m.topic}:${m.partition}:${m.offset}`;
+  if (unstorable('cairn-tenant', m.tenantId)) return { messageId: at, tenantId: null, key, inboxKey };
+  const messageId = unstorable('cairn-message-id', m.messageId) ? at : m.messageId;
+  return { messageId, tenantId: m.tenantId ?? null, key, inboxKey };
 }
 
 /** What a changelog record written by `m`'s handler says it consumed. */

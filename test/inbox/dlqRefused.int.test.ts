@@ -10,6 +10,7 @@ import { promisify } from 'node:util';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
+import { replayDeadLetter } from '../../consumers/deadLetters.js';
 import { createInboxConsumer, type InboxConsumer, type InboxHandler } from '../../consumers/inboxConsumer.js';
 import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
@@ -31,6 +32,7 @@ beforeAll(async () => {
   tdb = await createTestDatabase('inbox_dlq_refused');
   await sql`CREATE TABLE seen (seq int NOT NULL)`.execute(tdb.db);
   await sql`CREATE TABLE fixed (ok boolean)`.execute(tdb.db);
+  await sql`CREATE TABLE seen_as (seq int NOT NULL, tenant text)`.execute(tdb.db);
 });
 afterAll(async () => {
   await tdb?.drop();
@@ -244,6 +246,65 @@ describe('a dead letter the broker refuses', () => {
         .orderBy('offset')
         .execute();
       expect(dlq.map((r) => r.message_id)).toEqual([`${topic}:0:0`, `${topic}:0:3`]);
+    });
+  });
+
+  /**
+   * Review: such a letter was stored with no tenant, but a replay resent its stored headers, so
+   * the copy was applied as the tenant they named; a second replay looked for an applied row
+   * with no tenant, found none and sent it again (after the inbox's prune, a second run).
+   */
+  it('replaying one: an unstorable id keeps its tenant, and a second replay is refused as applied; an unstorable tenant is not replayed as anyone', async () => {
+    const topic = await createTestTopic('inbox-dlq-replay-identity', 1);
+    await produceTo(topic, [
+      {
+        key: 'k',
+        value: JSON.stringify({ seq: 41 }),
+        headers: { 'cairn-message-id': 'id\u0000nul', 'cairn-tenant': 'acme' },
+      },
+      {
+        key: 'k',
+        value: JSON.stringify({ seq: 42 }),
+        headers: { 'cairn-message-id': uuid(), 'cairn-tenant': 'acme\u0000x' },
+      },
+    ]);
+    const groupId = `${topic}.g`;
+    const handler: InboxHandler = async (trx, m) => {
+      await sql`INSERT INTO seen_as (seq, tenant) VALUES (${m.json<{ seq: number }>().seq}, ${m.tenantId ?? null})`.execute(
+        trx,
+      );
+    };
+    const replay = (messageId: string, tenantId?: string) =>
+      replayDeadLetter(tdb.db, createKafkaPublisher({ brokers: kafkaBrokers() }), {
+        messageId,
+        groupId,
+        ...(tenantId !== undefined && { tenantId }),
+      });
+    await withConsumer(topic, groupId, handler, 2, async (consumer) => {
+      await waitFor('two dead letters', () => consumer.stats().deadLettered === 2, 30_000);
+      const rows = await tdb.db
+        .selectFrom('inbox_dlq')
+        .select(['message_id', 'tenant_id'])
+        .where('consumer_group', '=', groupId)
+        .orderBy('offset')
+        .execute();
+      expect(rows.map((r) => [r.message_id, r.tenant_id])).toEqual([
+        [`${topic}:0:0`, 'acme'],
+        [`${topic}:0:1`, null],
+      ]);
+
+      await replay(`${topic}:0:0`, 'acme');
+      await waitFor('the replayed copy applied', () => consumer.stats().applied === 1, 30_000);
+      await expect(replay(`${topic}:0:0`, 'acme')).rejects.toMatchObject({ code: 'already_applied' });
+
+      await expect(replay(`${topic}:0:1`)).rejects.toThrow(/cairn-tenant/);
+      await new Promise((r) => setTimeout(r, 1000)); // a copy sent anyway would be applied meanwhile
+      expect(consumer.stats().applied).toBe(1);
+      const seen = await sql<{
+        seq: number;
+        tenant: string | null;
+      }>`SELECT seq, tenant FROM seen_as ORDER BY seq`.execute(tdb.db);
+      expect(seen.rows).toEqual([{ seq: 41, tenant: 'acme' }]);
     });
   });
 });
