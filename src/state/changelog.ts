@@ -359,8 +359,10 @@ async function sealed(
 }
 
 /**
- * The task's receipts that may have changed since its previous version: unfinished, or
- * started or finished since that version committed. A handful per task (index tool_receipt_task).
+ * The task's receipts that may have changed since its previous version: every one not settled
+ * for good (started, uncertain, compensating, gated: moving among these sets no finished_at,
+ * and a gate after the previous version was in no record), and the ones settled since that
+ * version committed. A handful per task (index tool_receipt_task).
  */
 async function receiptsOf(t: Executor, taskId: string, prevVersion: number): Promise<ChangelogReceipt[]> {
   const r = await sql<ChangelogReceipt>`
@@ -368,7 +370,7 @@ async function receiptsOf(t: Executor, taskId: string, prevVersion: number): Pro
            worker, result_digest, result, encode(result_enc, 'base64') AS result_enc, result_key_id
       FROM tool_receipt r
      WHERE r.task_id = ${taskId}
-       AND (r.finished_at IS NULL
+       AND (r.status NOT IN ('succeeded', 'failed', 'compensated') OR r.finished_at IS NULL
             OR r.finished_at >= (SELECT at FROM task_audit a WHERE a.task_id = ${taskId} AND a.version = ${prevVersion}))
      ORDER BY r.started_at, r.receipt_id`.execute(t);
   return r.rows;

@@ -20,6 +20,8 @@ export async function reclaimReceipt(
       lease_id: a.lease?.leaseId ?? null,
       fencing_token: a.lease?.fencingToken ?? null,
       started_at: sql<Date>`now()`,
+      // A new attempt is unfinished: the failure's time made the changelog take it as settled.
+      finished_at: null,
     }))
     .where('receipt_id', '=', a.receiptId)
     .where('status', '=', a.from)
