@@ -206,7 +206,12 @@ export async function gatesPage(s: Scope) {
       .execute(),
     receiptRows(s.db)
       .where('status', '=', 'uncertain')
-      .where('started_at', '<', sql<Date>`now() - make_interval(mins => ${RETRY_OVERDUE_MINUTES})`)
+      // Since its attempt was left (finished_at, set when it became uncertain), not since it started.
+      .where(
+        sql<Date>`coalesce(finished_at, started_at)`,
+        '<',
+        sql<Date>`now() - make_interval(mins => ${RETRY_OVERDUE_MINUTES})`,
+      )
       .orderBy('started_at')
       .limit(HUMANS_LIST_LIMIT + 1)
       .execute(),

@@ -334,7 +334,7 @@ export function createReceiptStoreWithTestHooks(
               return { ...ref, status: 'in_progress', worker: row.worker };
             await db
               .updateTable('tool_receipt')
-              .set({ status: 'uncertain' })
+              .set({ status: 'uncertain', finished_at: sql<Date>`now()` })
               .where('receipt_id', '=', row.receipt_id)
               .where('status', '=', 'started')
               .where('attempt', '=', row.attempt)

@@ -1,3 +1,4 @@
+import { sql } from 'kysely';
 import type { Db } from '../db/database.js';
 import { CairnError, CairnErrorCodes, LeaseLostError } from '../errors.js';
 import type { Lease } from '../leases/leases.js';
@@ -69,7 +70,7 @@ export async function reconcileTask(
         // attempt under its own lease), and its effect is running.
         const marked = await d.db
           .updateTable('tool_receipt')
-          .set({ status: 'uncertain' })
+          .set({ status: 'uncertain', finished_at: sql<Date>`now()` })
           .where('receipt_id', '=', r.receipt_id)
           .where('status', '=', 'started')
           .where('attempt', '=', r.attempt)

@@ -53,21 +53,25 @@ const actionsRecorded = async () =>
 describe('cairn console: receipts left for a retry', () => {
   it('lists, for its tenant only, an uncertain receipt no worker has run again for more than 5 minutes; not one just left', async () => {
     const store = createTaskStore({ db: tdb.db });
-    const uncertain = async (taskId: string, tenant: string, startedAgo: string) => {
+    const uncertain = async (taskId: string, tenant: string, startedAgo: string, leftAgo?: string) => {
       await store.create({ task: newTask(taskId, { tenant_id: tenant }), actor: AGENT });
       const { rows } = await sql<{ receipt_id: string }>`
         INSERT INTO tool_receipt (receipt_id, idempotency_key, task_id, step, tool, args_digest, status, worker, started_at)
         VALUES (gen_random_uuid(), ${`${taskId}/deploy`}, ${taskId}, 'deploy', 'deployer', 'sha256:aa', 'started', 'gone',
                 now() - ${startedAgo}::interval)
         RETURNING receipt_id`.execute(tdb.db);
-      await sql`UPDATE tool_receipt SET status = 'uncertain' WHERE receipt_id = ${rows[0]!.receipt_id}`.execute(
-        tdb.db,
-      );
+      await sql`UPDATE tool_receipt SET status = 'uncertain',
+                       finished_at = ${leftAgo === undefined ? null : sql`now() - ${leftAgo}::interval`}
+                 WHERE receipt_id = ${rows[0]!.receipt_id}`.execute(tdb.db);
       return rows[0]!.receipt_id;
     };
     const overdue = await uncertain('a-9', 'tenant-a', '1 hour');
     const fresh = await uncertain('a-8', 'tenant-a', '10 seconds');
     const other = await uncertain('b-9', 'tenant-b', '1 hour');
+    // Started an hour ago, its attempt left 10 seconds ago (a reconcile found its worker dead):
+    // its retry is not late.
+    const justLeft = await uncertain('a-7', 'tenant-a', '1 hour', '10 seconds');
+    const leftLongAgo = await uncertain('a-6', 'tenant-a', '1 hour', '30 minutes');
     const waiting = (page: string) =>
       page.slice(page.indexOf('waiting for a retry'), page.indexOf('Quarantined tasks'));
 
@@ -75,6 +79,8 @@ describe('cairn console: receipts left for a retry', () => {
     expect(forA).toContain(overdue);
     expect(forA).toContain('/tasks/a-9');
     expect(forA).not.toContain(fresh);
+    expect(forA).not.toContain(justLeft);
+    expect(forA).toContain(leftLongAgo);
     expect(forA).not.toContain(other);
     expect(waiting(await (await get('/humans', basic('root'))).text())).toContain(other);
 
