@@ -10,22 +10,27 @@ function isoOrText(at: unknown): string {
 /** Counts and digests of everything a task holds, read inside the batch's transaction. */
 export async function describe(trx: Trx, tenant: string, c: Candidate): Promise<DeletedTask> {
   const id = c.task_id;
+  const mine = sql<boolean>`coalesce(tenant_id, ${tenant}) = ${tenant}`;
+  const ofTenant = () => mine;
   const audit = await trx
     .selectFrom('task_audit')
     .select(['version', 'actor', 'reason', 'patch', 'at'])
     .where('task_id', '=', id)
+    .where(ofTenant)
     .orderBy('version')
     .execute();
   const checkpoints = await trx
     .selectFrom('checkpoint')
     .select('digest')
     .where('task_id', '=', id)
+    .where(ofTenant)
     .orderBy('seq')
     .execute();
   const receipts = await trx
     .selectFrom('tool_receipt')
     .select('result_digest')
     .where('task_id', '=', id)
+    .where(ofTenant)
     .orderBy('started_at')
     .execute();
   const n = await sql<{
@@ -35,11 +40,11 @@ export async function describe(trx: Trx, tenant: string, c: Candidate): Promise<
     leases: number;
     annotations: number;
   }>`
-    SELECT (SELECT count(*) FROM checkpoint_snapshot WHERE task_id = ${id})::int AS snapshots,
+    SELECT (SELECT count(*) FROM checkpoint_snapshot WHERE task_id = ${id} AND ${mine})::int AS snapshots,
            (SELECT count(*) FROM outbox WHERE key = ${id} AND (tenant_id = ${tenant} OR tenant_id IS NULL))::int AS outbox,
            (SELECT count(*) FROM inbox WHERE key = ${id} AND tenant_id = ${tenant})::int AS inbox,
-           (SELECT count(*) FROM task_lease WHERE task_id = ${id})::int AS leases,
-           (SELECT count(*) FROM task_annotation WHERE task_id = ${id})::int AS annotations`.execute(trx);
+           (SELECT count(*) FROM task_lease WHERE task_id = ${id} AND ${mine})::int AS leases,
+           (SELECT count(*) FROM task_annotation WHERE task_id = ${id} AND ${mine})::int AS annotations`.execute(trx);
   return {
     task_id: id,
     status: c.status,
@@ -60,7 +65,9 @@ export async function describe(trx: Trx, tenant: string, c: Candidate): Promise<
 export async function deleteTasks(trx: Trx, tenant: string, ids: string[]): Promise<Record<string, number>> {
   const del = async (table: string, where: ReturnType<typeof sql>) =>
     Number((await sql`DELETE FROM ${sql.table(table)} WHERE ${where}`.execute(trx)).numAffectedRows ?? 0);
-  const byTask = sql`task_id = ANY(${ids}::text[])`;
+  // The tenant's rows only: another tenant may have left rows under the same id (its own SQL,
+  // then its task deleted), which are not this tenant's to delete or certify.
+  const byTask = sql`task_id = ANY(${ids}::text[]) AND coalesce(tenant_id, ${tenant}) = ${tenant}`;
   return {
     inbox: await del('inbox', sql`key = ANY(${ids}::text[]) AND tenant_id = ${tenant}`),
     // Never a message that has not reached the broker: such tasks were deferred (above).

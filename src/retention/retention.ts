@@ -159,7 +159,8 @@ async function expired(db: Db | Trx, tenant: string, limit: number, exclude: str
     WITH t AS (
       SELECT s.task_id, s.tenant_id, s.status, s.version, s.doc, s.updated_at,
              coalesce((SELECT max(CASE c.data_class WHEN 'confidential' THEN 2 WHEN 'internal' THEN 1 ELSE 0 END)
-                         FROM checkpoint c WHERE c.task_id = s.task_id), 1) AS rank
+                         FROM checkpoint c
+                        WHERE c.task_id = s.task_id AND coalesce(c.tenant_id, s.tenant_id) = s.tenant_id), 1) AS rank
         FROM task_state s JOIN task_status st ON st.status = s.status AND st.terminal
        WHERE s.tenant_id = ${tenant} AND NOT (s.task_id = ANY(${exclude}::text[]))
     )
@@ -240,6 +241,7 @@ export async function runRetentionWithTestHooks(
       ).map((p) => [p.data_class, Number(p.retain_days)]),
     );
     const skip: string[] = [];
+    const refused = new Set<string>();
     for (;;) {
       const batch = await expired(db, tenant, batchSize, skip);
       const held = batch.filter((c) => c.held);
@@ -347,8 +349,15 @@ export async function runRetentionWithTestHooks(
           continue;
         }
         // A hold placed after the batch was chosen: the database refused, the batch rolled
-        // back whole; the next pass no longer picks the held task.
+        // back whole; the next pass no longer picks the held task. A batch refused a second
+        // time (a hold the choice cannot see) is deferred: it was chosen again for ever.
         if (sqlState(err) !== SqlState.legalHold) throw err;
+        const again = due.filter((c) => refused.has(c.task_id));
+        if (again.length > 0) {
+          run.deferred.push(...due.map((c) => c.task_id));
+          continue;
+        }
+        for (const c of due) refused.add(c.task_id);
         skip.splice(skip.length - batch.length, batch.length);
       }
     }
