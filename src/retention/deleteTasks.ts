@@ -44,7 +44,9 @@ export async function describe(trx: Trx, tenant: string, c: Candidate): Promise<
            (SELECT count(*) FROM outbox WHERE key = ${id} AND (tenant_id = ${tenant} OR tenant_id IS NULL))::int AS outbox,
            (SELECT count(*) FROM inbox WHERE key = ${id} AND tenant_id = ${tenant})::int AS inbox,
            (SELECT count(*) FROM task_lease WHERE task_id = ${id} AND ${mine})::int AS leases,
-           (SELECT count(*) FROM task_annotation WHERE task_id = ${id} AND ${mine})::int AS annotations`.execute(trx);
+           (SELECT count(*) FROM task_annotation WHERE task_id = ${id} AND ${mine})::int AS annotations`.execute(
+    trx,
+  );
   return {
     task_id: id,
     status: c.status,
