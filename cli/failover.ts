@@ -131,7 +131,8 @@ export async function failoverCommand(argv: string[]): Promise<number> {
             : values['source-prefix']
               ? 'nothing lost that this region can see: the database has everything the mirror holds, and every message its checkpoints name is on the mirror or applied'
               : 'nothing lost: the database has everything the broker saw'
-          : `${values.hold ? `quarantined ${held} task(s)` : 'hold these tasks (--hold)'}: ${r.divergedTasks.join(', ')}`,
+          : // A task id is a tenant's to choose: its control characters reach no terminal.
+            line`${values.hold ? `quarantined ${held} task(s)` : 'hold these tasks (--hold)'}: ${r.divergedTasks.join(', ')}`,
       );
     }
     return r.divergedTasks.length === 0 && !incomplete ? 0 : 1;
