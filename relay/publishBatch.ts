@@ -1,7 +1,7 @@
 import pRetry, { AbortError } from 'p-retry';
 import type { Db } from '../src/db/database.js';
 import { CairnError, CairnErrorCodes } from '../src/errors.js';
-import { isPoisonError, isProducerStateError } from '../src/kafka/classifyError.js';
+import { isPoisonError, isProducerStateError, isUnknownTopic } from '../src/kafka/classifyError.js';
 import { PartlyPublishedError } from '../src/kafka/partlyPublished.js';
 import type { Publisher, PublishMessage } from '../src/kafka/publisher.js';
 import type { Logger } from '../src/logger.js';
@@ -190,6 +190,69 @@ export async function isolatePoison(
         await park(c, b.row, err);
       }
       break;
+    }
+  }
+  return { sent };
+}
+
+/**
+ * A batch the broker refused for good, or for a topic it does not have: who went, who is parked
+ * (undefined: nothing to isolate, the batch is tried again as it is).
+ */
+export async function isolate(
+  c: PublishContext,
+  batch: readonly Ready[],
+  err: unknown,
+): Promise<{ sent: number[]; failure?: unknown } | undefined> {
+  if (isPoisonError(err)) return isolatePoison(c, batch, err);
+  if (isUnknownTopic(err)) return isolateMissingTopics(c, batch, err);
+  return undefined;
+}
+
+/**
+ * A batch failed, after its retries, because the broker has no such topic (a topic
+ * auto-creation cannot make, one colliding with another by '.' and '_', auto-creation off).
+ * One such row, a tenant's own, held every lane of the relay for good. Each topic's messages
+ * are sent on their own: when another topic's go through (the broker is there), the keys of
+ * each topic it does not have are parked (their order holds; an operator creates the topic,
+ * or skips the message, and releases them). When none goes, nothing is parked (a broker just
+ * restarted answers so for a moment) and the batch is tried again.
+ */
+async function isolateMissingTopics(
+  c: PublishContext,
+  batch: readonly Ready[],
+  refusal: unknown,
+): Promise<{ sent: number[]; failure?: unknown } | undefined> {
+  const byTopic = new Map<string, Ready[]>();
+  for (const b of batch) {
+    const group = byTopic.get(b.message.topic);
+    if (group) group.push(b);
+    else byTopic.set(b.message.topic, [b]);
+  }
+  if (byTopic.size < 2) return undefined; // nothing to tell the broker from the topic by
+  const sent: number[] = [];
+  const missing: Array<{ group: Ready[]; err: unknown }> = [];
+  for (const group of byTopic.values()) {
+    try {
+      await publishWithRetry(c, group);
+      for (const b of group) sent.push(b.row.id);
+    } catch (err) {
+      if (isUnknownTopic(err)) missing.push({ group, err });
+      else if (isPoisonError(err)) {
+        const r = await isolatePoison(c, group, err);
+        sent.push(...r.sent);
+        if (r.failure !== undefined) return { sent, failure: r.failure };
+      } else return { sent, failure: err };
+    }
+  }
+  if (sent.length === 0) return { sent, failure: missing[0]?.err ?? refusal };
+  for (const { group, err } of missing) {
+    const parked = new Set<string>();
+    for (const b of group) {
+      const k = keyOf(b.row);
+      if (parked.has(k)) continue;
+      parked.add(k);
+      await park(c, b.row, err);
     }
   }
   return { sent };

@@ -2,20 +2,14 @@ import { randomUUID } from 'node:crypto';
 import { databaseAddress, pingDatabase } from '../src/db/database.js';
 import { isConfigurationSqlError, isDatabaseOutage, mapSqlError } from '../src/db/sqlstate.js';
 import { ConfigurationError } from '../src/errors.js';
-import { isKafkaConfigurationError, isPoisonError } from '../src/kafka/classifyError.js';
+import { isKafkaConfigurationError } from '../src/kafka/classifyError.js';
 import { silentLogger } from '../src/logger.js';
 import { observations, withObservations } from '../src/metrics/observations.js';
 import { parseOptions } from '../src/options.js';
 import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
 import { createDeletePipeline } from './deletePipeline.js';
 import { DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCH_BYTES, RelayOptionsSchema } from './options.js';
-import {
-  isolatePoison,
-  type PublishContext,
-  PublishFailed,
-  publishWithRetry,
-  toMessages,
-} from './publishBatch.js';
+import { isolate, type PublishContext, PublishFailed, publishWithRetry, toMessages } from './publishBatch.js';
 import type { RelayObservation } from './publishSpan.js';
 import { type Claim, type ClaimedRow, claimBatch } from './sql/claimBatch.js';
 import {
@@ -162,7 +156,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     // Lanes may have moved since the rows were claimed (a prefetch outlives a rebalance): only
     // rows of lanes still held under the token they were claimed under go on. A lane lost and
     // taken back meanwhile has a new token, and its rows were the other owner's to send. (Keys
-    // are parked only by the owner of their lane, in isolatePoison, which drops the prefetch.)
+    // are parked only by the owner of their lane, in isolate, which drops the prefetch.)
     return { rows: c.rows.filter((r) => owned.get(r.lane) === c.fences.get(r.lane)), full: c.full };
   }
 
@@ -201,8 +195,9 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       sentIds = ready.map((b) => b.row.id);
     } catch (err) {
       prefetch = undefined;
-      if (!isPoisonError(err)) throw new PublishFailed(err);
-      ({ sent: sentIds, failure } = await isolatePoison(publishing, ready, err));
+      const isolated = await isolate(publishing, ready, err); // a refusal, or a topic the broker lacks
+      if (!isolated) throw new PublishFailed(err);
+      ({ sent: sentIds, failure } = isolated);
     }
     await hooks.afterPublish?.(
       stats.batches + 1,

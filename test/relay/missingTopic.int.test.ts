@@ -1,0 +1,83 @@
+import { sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createRelay } from '../../relay/relay.js';
+import type { Db } from '../../src/db/database.js';
+import { createKafkaPublisher } from '../../src/kafka/publisher.js';
+import { createOutbox } from '../../src/outbox/outbox.js';
+import { twoTenants } from '../support/tenants.js';
+import {
+  createTestDatabase,
+  createTestTopic,
+  kafkaBrokers,
+  type TestDatabase,
+} from '../support/testDatabase.js';
+import { waitFor } from '../support/topicReader.js';
+
+/**
+ * Review: a tenant's own outbox row naming a topic the broker cannot have (here one that
+ * collides with an existing topic by '.' and '_', which auto-creation refuses; the same with
+ * auto-creation off and any missing topic) failed every batch with UNKNOWN_TOPIC_OR_PARTITION,
+ * a retriable answer: one relay held every lane for good (20 of 20 other messages unsent after
+ * 20 s). Now each topic of such a batch is sent on its own, and the missing topic's key parked.
+ */
+let tdb: TestDatabase;
+let topic: string;
+let app: Db;
+let asA: Db;
+let asB: Db;
+const outbox = createOutbox();
+
+beforeAll(async () => {
+  tdb = await createTestDatabase('relay_missing_topic');
+  topic = await createTestTopic('relay.missing.topic', 1);
+  ({ app, asA, asB } = await twoTenants(tdb, 2));
+});
+afterAll(async () => {
+  await app?.destroy();
+  await tdb?.drop();
+});
+
+describe('a message to a topic the broker does not have', () => {
+  it("parks its own key; another tenant's messages on every lane are published", async () => {
+    const colliding = topic.replaceAll('.', '_');
+    await sql`INSERT INTO outbox (lane, message_id, topic, key, payload)
+              VALUES (7, gen_random_uuid(), ${colliding}, 'a-key', '\\x00')`.execute(asA);
+    for (let i = 0; i < 20; i++)
+      await asB.transaction().execute((t) => outbox.enqueue(t, [{ topic, key: `b${i}`, payload: { i } }]));
+    const relay = createRelay({
+      db: tdb.db,
+      publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+      instanceId: 'r1',
+      publishRetries: 1,
+      maxIdleMs: 20,
+    });
+    const run = relay.run();
+    try {
+      await waitFor(
+        "tenant B's messages published",
+        async () =>
+          (await tdb.db.selectFrom('outbox').select('id').where('tenant_id', '=', 'tenant-b').execute())
+            .length === 0,
+        30_000,
+      );
+      const parked = await tdb.db
+        .selectFrom('outbox_parked_key')
+        .select(['tenant', 'topic', 'key', 'error'])
+        .execute();
+      expect(parked).toEqual([
+        {
+          tenant: 'tenant-a',
+          topic: colliding,
+          key: 'a-key',
+          error: expect.stringMatching(/topic-partition/),
+        },
+      ]);
+      expect(relay.stats().parked).toBe(1);
+      // Its row waits for an operator (create the topic, or skip it), behind its parked key.
+      expect(await tdb.db.selectFrom('outbox').select('topic').execute()).toEqual([{ topic: colliding }]);
+    } finally {
+      await relay.stop();
+      await run;
+    }
+  });
+});
