@@ -21,7 +21,7 @@ import { type BatchHeartbeat, batchHeartbeat } from './heartbeat.js';
 import { InboxConsumerOptionsSchema } from './options.js';
 import { applyTracing } from './processSpan.js';
 import { claimVersion } from './sql/claimVersion.js';
-import { inboxKey, insertInboxRows } from './sql/insertInboxRows.js';
+import { inboxKey, insertInboxRows, replayedLetter } from './sql/insertInboxRows.js';
 import { pruneInbox } from './sql/pruneInbox.js';
 
 export { type InboxMessage, toInboxMessage } from './inboxMessage.js';
@@ -37,7 +37,14 @@ export type {
   NoTables,
 } from './inboxTypes.js';
 
-import { consumedAs, type InboxMessage, refuseUnstorable, storable, toInboxMessage } from './inboxMessage.js';
+import {
+  consumedAs,
+  type InboxMessage,
+  refuseUnstorable,
+  replayedCopy,
+  storable,
+  toInboxMessage,
+} from './inboxMessage.js';
 import type {
   AppTables,
   InboxCommitCounts,
@@ -118,7 +125,9 @@ export function createInboxConsumerWithTestHooks(
   async function applyChunk(trx: Trx, chunk: readonly InboxMessage[], heartbeat?: BatchHeartbeat) {
     const counts = { applied: 0, duplicates: 0, stale: 0 };
     const latencies: number[] = [];
-    for (const m of chunk) refuseUnstorable(m);
+    for (const m of chunk) {
+      if (!(replayedCopy(m) && (await replayedLetter(trx, groupId, m)))) refuseUnstorable(m);
+    }
     const fresh = await insertInboxRows(trx, groupId, chunk);
     // A task changed in a handler records the message in its changelog record (a replay
     // after a failover restores the inbox row from it).

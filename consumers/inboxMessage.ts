@@ -84,14 +84,36 @@ const MAX_BYTES = { 'cairn-message-id': 1024, 'cairn-tenant': 256, key: 2048 } a
 
 type Field = keyof typeof MAX_BYTES;
 
+/**
+ * The ids a dead letter of a message the inbox cannot store is recorded under (its Kafka
+ * coordinates, deadLetterIdentity). No message may take one as its own: a producer's
+ * `topic:0:1` took the id of the dead letter at that offset, which was then dropped as
+ * "applied by another consumer" (review). Only the copy a replay sends of such a letter is
+ * applied under it (insertInboxRows.ts replayedLetter).
+ */
+export const COORDINATES = 'cairn-offset:';
+
 /** Why `value` cannot be stored as it is in `field`, or undefined. */
 function unstorable(field: Field, value: string | null | undefined): string | undefined {
   if (value === null || value === undefined) return undefined;
+  if (field === 'cairn-message-id' && value.startsWith(COORDINATES))
+    return `starts with ${COORDINATES}, the ids Cairn gives the dead letters of messages it cannot store`;
   if (value.includes(NUL)) return 'holds a NUL byte, which Postgres does not store in text';
   // Bytes only when the characters could exceed the bound (UTF-8 takes at most 3 per UTF-16 unit).
   if (value.length * 3 > MAX_BYTES[field] && Buffer.byteLength(value) > MAX_BYTES[field])
     return `is over ${MAX_BYTES[field]} bytes, more than the inbox's index holds`;
   return undefined;
+}
+
+/** Whether `m` is, by its id, the replayed copy of a dead letter recorded under its coordinates (to be checked). */
+export function replayedCopy(m: InboxMessage): boolean {
+  return (
+    m.messageId.startsWith(COORDINATES) &&
+    unstorable('key', m.key) === undefined &&
+    unstorable('cairn-tenant', m.tenantId) === undefined &&
+    !m.messageId.includes(NUL) &&
+    Buffer.byteLength(m.messageId) <= MAX_BYTES['cairn-message-id']
+  );
 }
 
 /** Whether the inbox can store `m`'s id, key and tenant as they are (nothing is made per message). */
@@ -126,7 +148,7 @@ export function refuseUnstorable(m: InboxMessage): void {
 /**
  * What a dead letter is recorded under (its inbox row, its inbox_dlq row, the check that no
  * consumer applied it). A message whose id cannot be stored as it is goes under its Kafka
- * coordinates (`topic:partition:offset`, the id of a message without one) and its tenant: a NUL
+ * coordinates (`cairn-offset:topic:partition:offset`, an id no message may take) and its tenant: a NUL
  * replaced, or a value cut, would make it another message's id. One whose tenant cannot be
  * stored goes under its coordinates and no tenant (it is no tenant's: `cairn inbox replay`
  * refuses it). A key that cannot be stored is kept with NUL replaced (it is not what the row is
@@ -140,7 +162,7 @@ export function deadLetterIdentity(m: InboxMessage): {
 } {
   const key = m.key === null ? null : m.key.replaceAll(NUL, '\uFFFD');
   const inboxKey = key !== null && unstorable('key', key) === undefined ? key : null;
-  const at = `${m.topic}:${m.partition}:${m.offset}`;
+  const at = `${COORDINATES}${m.topic}:${m.partition}:${m.offset}`;
   if (unstorable('cairn-tenant', m.tenantId)) return { messageId: at, tenantId: null, key, inboxKey };
   const messageId = unstorable('cairn-message-id', m.messageId) ? at : m.messageId;
   return { messageId, tenantId: m.tenantId ?? null, key, inboxKey };

@@ -102,3 +102,20 @@ export async function appliedBy(db: Executor, groupId: string, m: InboxMessage):
     .executeTakeFirst();
   return row?.outcome === 'applied';
 }
+
+/**
+ * Whether `m` is the copy `cairn inbox replay` sent of a dead letter recorded under its
+ * coordinates: its id (cairn-offset:...) is that letter's, which an operator replayed. No other
+ * message may take such an id (inboxMessage.ts COORDINATES); only the owner writes inbox_dlq.
+ */
+export async function replayedLetter(db: Executor, groupId: string, m: InboxMessage): Promise<boolean> {
+  const row = await db
+    .selectFrom('inbox_dlq')
+    .select('id')
+    .where('consumer_group', '=', groupId)
+    .where(sql<boolean>`coalesce(tenant_id, '') = ${m.tenantId ?? ''}`)
+    .where('message_id', '=', m.messageId)
+    .where('replayed_at', 'is not', null)
+    .executeTakeFirst();
+  return row !== undefined;
+}

@@ -201,7 +201,7 @@ describe('a dead letter the broker refuses', () => {
         .where('consumer_group', '=', groupId)
         .orderBy('offset')
         .execute();
-      const at = (offset: number) => `${topic}:0:${offset}`;
+      const at = (offset: number) => `cairn-offset:${topic}:0:${offset}`;
       expect(rows.map((r) => [r.message_id, r.key, r.tenant_id])).toEqual([
         [at(1), 'k', null],
         [bad[1]!.headers['cairn-message-id'], 'k\uFFFDnul', null],
@@ -245,7 +245,10 @@ describe('a dead letter the broker refuses', () => {
         .where('consumer_group', '=', groupId)
         .orderBy('offset')
         .execute();
-      expect(dlq.map((r) => r.message_id)).toEqual([`${topic}:0:0`, `${topic}:0:3`]);
+      expect(dlq.map((r) => r.message_id)).toEqual([
+        `cairn-offset:${topic}:0:0`,
+        `cairn-offset:${topic}:0:3`,
+      ]);
     });
   });
 
@@ -289,15 +292,17 @@ describe('a dead letter the broker refuses', () => {
         .orderBy('offset')
         .execute();
       expect(rows.map((r) => [r.message_id, r.tenant_id])).toEqual([
-        [`${topic}:0:0`, 'acme'],
-        [`${topic}:0:1`, null],
+        [`cairn-offset:${topic}:0:0`, 'acme'],
+        [`cairn-offset:${topic}:0:1`, null],
       ]);
 
-      await replay(`${topic}:0:0`, 'acme');
+      await replay(`cairn-offset:${topic}:0:0`, 'acme');
       await waitFor('the replayed copy applied', () => consumer.stats().applied === 1, 30_000);
-      await expect(replay(`${topic}:0:0`, 'acme')).rejects.toMatchObject({ code: 'already_applied' });
+      await expect(replay(`cairn-offset:${topic}:0:0`, 'acme')).rejects.toMatchObject({
+        code: 'already_applied',
+      });
 
-      await expect(replay(`${topic}:0:1`)).rejects.toThrow(/cairn-tenant/);
+      await expect(replay(`cairn-offset:${topic}:0:1`)).rejects.toThrow(/cairn-tenant/);
       await new Promise((r) => setTimeout(r, 1000)); // a copy sent anyway would be applied meanwhile
       expect(consumer.stats().applied).toBe(1);
       const seen = await sql<{
@@ -305,6 +310,55 @@ describe('a dead letter the broker refuses', () => {
         tenant: string | null;
       }>`SELECT seq, tenant FROM seen_as ORDER BY seq`.execute(tdb.db);
       expect(seen.rows).toEqual([{ seq: 41, tenant: 'acme' }]);
+    });
+  });
+
+  it('no message takes the id of the dead letter at another offset (review: the letter was dropped as applied)', async () => {
+    const topic = await createTestTopic('inbox-dlq-collide', 1);
+    const coords = (offset: number) => `cairn-offset:${topic}:0:${offset}`;
+    await produceTo(topic, [
+      // An id of the form a message without one is applied under: a message's own choice.
+      {
+        key: 'k',
+        value: JSON.stringify({ seq: 50 }),
+        headers: { 'cairn-message-id': `${topic}:0:2`, 'cairn-tenant': 'acme' },
+      },
+      // The id of the dead letter at offset 2: refused as its own (dead-lettered at offset 1).
+      {
+        key: 'k',
+        value: JSON.stringify({ seq: 51 }),
+        headers: { 'cairn-message-id': coords(2), 'cairn-tenant': 'acme' },
+      },
+      {
+        key: 'k',
+        value: JSON.stringify({ seq: 52 }),
+        headers: { 'cairn-message-id': 'id\u0000nul', 'cairn-tenant': 'acme' },
+      },
+      {
+        key: 'k',
+        value: JSON.stringify({ seq: 53 }),
+        headers: { 'cairn-message-id': uuid(), 'cairn-tenant': 'acme' },
+      },
+    ]);
+    const groupId = `${topic}.g`;
+    await withConsumer(topic, groupId, recordSeq, 2, async (consumer) => {
+      await waitFor(
+        'two applied, two dead-lettered',
+        () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 2,
+        30_000,
+      );
+      expect(await seenFrom(50)).toEqual([50, 53]);
+      const dlq = await tdb.db
+        .selectFrom('inbox_dlq')
+        .select(['message_id', 'tenant_id', 'error'])
+        .where('consumer_group', '=', groupId)
+        .orderBy('offset')
+        .execute();
+      expect(dlq.map((r) => [r.message_id, r.tenant_id])).toEqual([
+        [coords(1), 'acme'],
+        [coords(2), 'acme'],
+      ]);
+      expect(dlq[0]!.error).toMatch(/starts with cairn-offset:/);
     });
   });
 });
