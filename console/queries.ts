@@ -193,6 +193,13 @@ export const RETRY_OVERDUE_MINUTES = 5;
 export const HUMANS_LIST_LIMIT = 100;
 
 /**
+ * Each tenant's oldest first, then each one's second oldest...: the lists show 100 rows, and a
+ * tenant's role can make receipts without end (review: 101 of one tenant's hid every other
+ * tenant's gated receipts from the operators).
+ */
+const eachTenantInTurn = sql`row_number() OVER (PARTITION BY coalesce(tenant_id, '') ORDER BY started_at, receipt_id)`;
+
+/**
  * The humans-in-the-loop page: gated receipts, receipts left uncertain for a retry that has not
  * come (a resume declared their tool idempotent and no worker ran them again), quarantined
  * tasks, legal holds.
@@ -201,6 +208,7 @@ export async function gatesPage(s: Scope) {
   const [gated, waiting, quarantined, holds] = await Promise.all([
     receiptRows(s.db)
       .where('status', '=', 'gated')
+      .orderBy(eachTenantInTurn)
       .orderBy('started_at')
       .limit(HUMANS_LIST_LIMIT + 1)
       .execute(),
@@ -212,6 +220,7 @@ export async function gatesPage(s: Scope) {
         '<',
         sql<Date>`now() - make_interval(mins => ${RETRY_OVERDUE_MINUTES})`,
       )
+      .orderBy(eachTenantInTurn)
       .orderBy('started_at')
       .limit(HUMANS_LIST_LIMIT + 1)
       .execute(),

@@ -18,6 +18,7 @@ import * as m0016 from './0016_lease_tokens.js';
 import * as m0017 from './0017_tenant_rows_bounded.js';
 import * as m0018 from './0018_lg_head_reader_marks.js';
 import * as m0019 from './0019_outbox_wal_messages.js';
+import * as m0020 from './0020_receipt_times.js';
 
 /**
  * Every migration, in order. Imported statically (not read from the folder) so the same
@@ -44,6 +45,7 @@ export const migrations: Record<string, Migration> = {
   '0017_tenant_rows_bounded': m0017,
   '0018_lg_head_reader_marks': m0018,
   '0019_outbox_wal_messages': m0019,
+  '0020_receipt_times': m0020,
 };
 
 export const migrationProvider: MigrationProvider = {
