@@ -83,3 +83,58 @@ describe("a tenant's own outbox row naming a topic no broker accepts", () => {
     },
   );
 });
+
+/**
+ * Review: a tenant's own outbox row naming a topic the broker cannot have (here one that
+ * collides with an existing topic by '.' and '_', which auto-creation refuses; the same with
+ * auto-creation off and any missing topic) failed every batch with UNKNOWN_TOPIC_OR_PARTITION,
+ * a retriable answer: one relay held every lane for good (20 of 20 other messages unsent after
+ * 20 s). Now each topic of such a batch is sent on its own, and the missing topic's key parked.
+ */
+describe('a message to a topic the broker does not have', () => {
+  it("parks its own key; another tenant's messages on every lane are published", async () => {
+    const colliding = topic.replaceAll('.', '_');
+    await sql`INSERT INTO outbox (lane, message_id, topic, key, payload)
+              VALUES (7, gen_random_uuid(), ${colliding}, 'a-key', '\\x00')`.execute(asA);
+    for (let i = 0; i < 20; i++)
+      await asB.transaction().execute((t) => outbox.enqueue(t, [{ topic, key: `b${i}`, payload: { i } }]));
+    const relay = createRelay({
+      db: tdb.db,
+      publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+      instanceId: 'r1',
+      publishRetries: 1,
+      maxIdleMs: 20,
+    });
+    const run = relay.run();
+    try {
+      await waitFor(
+        "tenant B's messages published",
+        async () =>
+          (await tdb.db.selectFrom('outbox').select('id').where('tenant_id', '=', 'tenant-b').execute())
+            .length === 0,
+        30_000,
+      );
+      const parked = await tdb.db
+        .selectFrom('outbox_parked_key')
+        .select(['tenant', 'topic', 'key', 'error'])
+        .where('topic', '=', colliding)
+        .execute();
+      expect(parked).toEqual([
+        {
+          tenant: 'tenant-a',
+          topic: colliding,
+          key: 'a-key',
+          error: expect.stringMatching(/topic-partition/),
+        },
+      ]);
+      expect(relay.stats().parked).toBe(1);
+      // Its row waits for an operator (create the topic, or skip it), behind its parked key.
+      expect(
+        await tdb.db.selectFrom('outbox').select('topic').where('tenant_id', '=', 'tenant-a').execute(),
+      ).toEqual([{ topic: colliding }]);
+    } finally {
+      await relay.stop();
+      await run;
+    }
+  });
+});
