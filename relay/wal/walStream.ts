@@ -120,6 +120,8 @@ export async function startWalStream(o: {
   let overflowed = false;
   let emittedIds = 0;
   let forged = 0;
+  let forgedLogged = 0;
+  let forgedLoggedAt = Number.NEGATIVE_INFINITY;
   let readyBytes = 0;
   let lastCommitEnd = 0n;
   let keepalive = 0n;
@@ -179,10 +181,17 @@ export async function startWalStream(o: {
     const row = emittedRowOf({ b, start, end }, openXid, --emittedIds, o.messageSecret, walLsn);
     if ('refused' in row) {
       forged++;
-      o.log.error(
-        { xid: openXid, why: row.refused },
-        "a WAL message under the outbox's prefix that its trigger did not write: not published",
-      );
+      // Any role may write these (pg_logical_emit_message): a line per message was a tenant's
+      // way to flood the relay's log. One line, then one per 10 s with the count since.
+      const now = performance.now();
+      if (now - forgedLoggedAt >= 10_000) {
+        o.log.error(
+          { xid: openXid, why: row.refused, forged_since_last_line: forged - forgedLogged },
+          "a WAL message under the outbox's prefix that its trigger did not write: not published",
+        );
+        forgedLoggedAt = now;
+        forgedLogged = forged;
+      }
       return;
     }
     open.push(row);

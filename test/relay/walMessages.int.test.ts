@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { sql } from 'kysely';
 import pg from 'pg';
+import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import { createRelayWithTestHooks } from '../../relay/relay.js';
 import { slotLag } from '../../relay/wal/walSetup.js';
@@ -178,8 +179,11 @@ describe('issue 16: outbox messages written to the WAL only', () => {
     u.username = 'cairn_app';
     const app = createDb({ connectionString: u.toString(), max: 2 });
     const asA = forTenant(app, 'tenant-a');
+    const lines: string[] = [];
     try {
-      const relay = wal.start(wal.walRelay(d));
+      const relay = wal.start(
+        wal.walRelay(d, { logger: pino({ level: 'error' }, { write: (l: string) => void lines.push(l) }) }),
+      );
       await waitFor('the stream to start', async () => streamingDrained(relay), 30_000);
       // Through its own SQL, claiming to be tenant-b.
       await sql`INSERT INTO outbox_wal (message_id, tenant_id, topic, key, payload)
@@ -197,6 +201,12 @@ describe('issue 16: outbox messages written to the WAL only', () => {
         /permission denied/,
       );
       await waitFor('the forgery seen', async () => relay.stats().wal?.forgedMessages === 1, 20_000);
+      // 300 more at once: one log line said so, not one per message (a tenant's way to flood it).
+      await sql`SELECT pg_logical_emit_message(true, ${prefix}, ${forged}::bytea) FROM generate_series(1, 300)`.execute(
+        asA,
+      );
+      await waitFor('the forgeries seen', async () => relay.stats().wal?.forgedMessages === 301, 20_000);
+      expect(lines.filter((l) => l.includes('its trigger did not write'))).toHaveLength(1);
       // The application role acting for no tenant is refused, as row-level security refuses its rows.
       await expect(
         sql`INSERT INTO outbox_wal (message_id, topic, key, payload) VALUES (gen_random_uuid(), ${topic}, 'k', '\\x00'::bytea)`.execute(

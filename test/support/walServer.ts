@@ -9,6 +9,7 @@ import { type PgServer, startPrimary } from '../../scripts/failover/pgCluster.js
 import { createDb, type Db } from '../../src/db/database.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
 import { createKafkaPublisher } from '../../src/kafka/publisher.js';
+import type { Logger } from '../../src/logger.js';
 import { kafkaBrokers } from './testDatabase.js';
 
 /** A migrated database on the logical server, and a slot name no other test uses. */
@@ -67,7 +68,7 @@ export function useLogicalServer(label: string) {
       return relay;
     },
     /** A WAL relay on `d` (not started), with short leases and sweeps for tests. */
-    walRelay(d: WalDatabase, extra: { instanceId?: string } = {}): Relay {
+    walRelay(d: WalDatabase, extra: { instanceId?: string; logger?: Logger } = {}): Relay {
       return createRelay({
         db: d.db,
         publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
