@@ -214,9 +214,9 @@ export async function isolate(
  * auto-creation cannot make, one colliding with another by '.' and '_', auto-creation off).
  * One such row, a tenant's own, held every lane of the relay for good. Each topic's messages
  * are sent on their own: when another topic's go through (the broker is there), the keys of
- * each topic it does not have are parked (their order holds; an operator creates the topic,
- * or skips the message, and releases them). When none goes, nothing is parked (a broker just
- * restarted answers so for a moment) and the batch is tried again.
+ * each topic it does not have, tried once more after that, are parked (their order holds; an
+ * operator creates the topic, or skips the message, and releases them). When none goes, nothing
+ * is parked (a broker just restarted answers so for a moment) and the batch is tried again.
  */
 async function isolateMissingTopics(
   c: PublishContext,
@@ -247,6 +247,15 @@ async function isolateMissingTopics(
   }
   if (sent.length === 0) return { sent, failure: missing[0]?.err ?? refusal };
   for (const { group, err } of missing) {
+    // Once more, now that another topic went through: a broker back from a restart answered
+    // so for every topic, and a group tried before it was back is not one it lacks (review).
+    try {
+      await publishWithRetry(c, group);
+      for (const b of group) sent.push(b.row.id);
+      continue;
+    } catch (again) {
+      if (!isUnknownTopic(again)) return { sent, failure: again };
+    }
     const parked = new Set<string>();
     for (const b of group) {
       const k = keyOf(b.row);

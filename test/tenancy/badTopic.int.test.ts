@@ -2,7 +2,7 @@ import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRelay } from '../../relay/relay.js';
 import type { Db } from '../../src/db/database.js';
-import { createKafkaPublisher } from '../../src/kafka/publisher.js';
+import { createKafkaPublisher, type Publisher } from '../../src/kafka/publisher.js';
 import { laneOf } from '../../src/outbox/lanes.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
 import { twoTenants } from '../support/tenants.js';
@@ -132,6 +132,49 @@ describe('a message to a topic the broker does not have', () => {
       expect(
         await tdb.db.selectFrom('outbox').select('topic').where('tenant_id', '=', 'tenant-a').execute(),
       ).toEqual([{ topic: colliding }]);
+    } finally {
+      await relay.stop();
+      await run;
+    }
+  });
+
+  it('a broker back from a restart between two topics of the isolation parks nothing (review)', async () => {
+    const x = await createTestTopic('bad.topic.restart.x', 1);
+    const y = await createTestTopic('bad.topic.restart.y', 1);
+    for (let i = 0; i < 3; i++)
+      await asA.transaction().execute((t) => outbox.enqueue(t, [{ topic: x, key: `a${i}`, payload: { i } }]));
+    for (let i = 0; i < 3; i++)
+      await asB.transaction().execute((t) => outbox.enqueue(t, [{ topic: y, key: `b${i}`, payload: { i } }]));
+    const real = createKafkaPublisher({ brokers: kafkaBrokers() });
+    // Restarting, the broker answers so for every topic: the batch, then topic x's group; back for y's.
+    let restarting = 2;
+    const publisher: Publisher = {
+      address: real.address,
+      connect: () => real.connect(),
+      disconnect: () => real.disconnect(),
+      async publish(messages) {
+        if (restarting-- > 0) {
+          throw Object.assign(new Error('This server does not host this topic-partition'), {
+            type: 'UNKNOWN_TOPIC_OR_PARTITION',
+            retriable: true,
+          });
+        }
+        return real.publish(messages);
+      },
+    };
+    const relay = createRelay({ db: tdb.db, publisher, instanceId: 'r2', publishRetries: 0, maxIdleMs: 20 });
+    const run = relay.run();
+    try {
+      await waitFor(
+        'every message of x and y published',
+        async () =>
+          (await tdb.db.selectFrom('outbox').select('id').where('topic', 'in', [x, y]).execute()).length ===
+          0,
+        20_000,
+      );
+      expect(
+        await tdb.db.selectFrom('outbox_parked_key').select('key').where('topic', 'in', [x, y]).execute(),
+      ).toEqual([]);
     } finally {
       await relay.stop();
       await run;
