@@ -109,13 +109,17 @@ export async function appliedBy(db: Executor, groupId: string, m: InboxMessage):
  * message may take such an id (inboxMessage.ts COORDINATES); only the owner writes inbox_dlq.
  */
 export async function replayedLetter(db: Executor, groupId: string, m: InboxMessage): Promise<boolean> {
+  // The replay sends the copy before it commits (it holds the letter's row meanwhile): a copy
+  // read at once waits for that commit, as a copy of any other id waits on its inbox row. Not
+  // waited for, it read the letter unreplayed and dead-lettered the copy again (review). The
+  // letter is locked by its id alone: a row the snapshot shows unreplayed is one to wait for.
   const row = await db
     .selectFrom('inbox_dlq')
-    .select('id')
+    .select('replayed_at')
     .where('consumer_group', '=', groupId)
     .where(sql<boolean>`coalesce(tenant_id, '') = ${m.tenantId ?? ''}`)
     .where('message_id', '=', m.messageId)
-    .where('replayed_at', 'is not', null)
+    .forShare()
     .executeTakeFirst();
-  return row !== undefined;
+  return row?.replayed_at != null;
 }

@@ -13,7 +13,7 @@ import { repoRoot } from '../../cli/stack/paths.js';
 import { replayDeadLetter } from '../../consumers/deadLetters.js';
 import { createInboxConsumer, type InboxConsumer, type InboxHandler } from '../../consumers/inboxConsumer.js';
 import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
-import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js';
+import { createKafkaPublisher, kafkaClient, type Publisher } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
 import { cairnBundle } from '../support/cli.js';
 import {
@@ -277,8 +277,22 @@ describe('a dead letter the broker refuses', () => {
         trx,
       );
     };
+    // The replaying process slow between the broker's ack and its commit (a pause, a busy
+    // host): the copy is read first, and must wait for the commit (review).
+    const slowAfterAck = (): Publisher => {
+      const real = createKafkaPublisher({ brokers: kafkaBrokers() });
+      return {
+        address: real.address,
+        connect: () => real.connect(),
+        disconnect: () => real.disconnect(),
+        async publish(ms) {
+          await real.publish(ms);
+          await new Promise((r) => setTimeout(r, 1000));
+        },
+      };
+    };
     const replay = (messageId: string, tenantId?: string) =>
-      replayDeadLetter(tdb.db, createKafkaPublisher({ brokers: kafkaBrokers() }), {
+      replayDeadLetter(tdb.db, slowAfterAck(), {
         messageId,
         groupId,
         ...(tenantId !== undefined && { tenantId }),
