@@ -17,6 +17,7 @@ import { createDb } from '../src/db/database.js';
 import { databaseUrlFromEnv, kafkaBrokersFromEnv } from '../src/env.js';
 import { ConfigurationError } from '../src/errors.js';
 import { exitCodeFor } from '../src/exitCodes.js';
+import { createKafkaAdmin } from '../src/kafka/admin.js';
 import { createKafkaPublisher } from '../src/kafka/publisher.js';
 import { createLogger } from '../src/logger.js';
 import { metricsAddressFromEnv, startMetricsServer } from '../src/metrics/metricsServer.js';
@@ -54,10 +55,13 @@ async function relayProcess(): Promise<number> {
   const num = (name: string) => (process.env[name] ? Number(process.env[name]) : undefined);
   // Crash tests: die by SIGKILL after the broker acked batch N and before its rows are deleted.
   const killAfterPublish = num('CAIRN_FAULT_KILL_AFTER_PUBLISH');
+  // Asked only when a batch fails for a topic the broker lacks (RelayOptions.admin).
+  const admin = createKafkaAdmin({ brokers: kafkaBrokersFromEnv(), clientId: 'cairn-relay-admin' });
   const relay = createRelayWithTestHooks(
     {
       db,
       publisher: createKafkaPublisher({ brokers: kafkaBrokersFromEnv() }),
+      admin,
       logger,
       ...(process.env.CAIRN_RELAY_INSTANCE ? { instanceId: process.env.CAIRN_RELAY_INSTANCE } : {}),
       ...(num('CAIRN_RELAY_BATCH') ? { batchSize: num('CAIRN_RELAY_BATCH')! } : {}),
@@ -103,6 +107,7 @@ async function relayProcess(): Promise<number> {
     await relay.run();
   } finally {
     await metrics?.close();
+    await admin.close().catch(() => {});
     await db.destroy();
   }
   logger.info(relay.stats(), 'relay stopped');

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import type { KafkaAdmin } from '../src/kafka/admin.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import { objectWith, opt, optionsSchema } from '../src/options.js';
 import type { RelayOptions } from './types.js';
@@ -27,6 +28,7 @@ export const RelayOptionsSchema = optionsSchema<RelayOptions>()(
       'publish',
       'disconnect',
     ),
+    admin: objectWith<KafkaAdmin>('a KafkaAdmin (createKafkaAdmin())', 'listTopics').optional(),
     logger: opt.logger(),
     instanceId: opt.text().optional(),
     batchSize: opt.count().optional(),

@@ -1,6 +1,7 @@
 import pRetry, { AbortError } from 'p-retry';
 import type { Db } from '../src/db/database.js';
 import { CairnError, CairnErrorCodes } from '../src/errors.js';
+import type { KafkaAdmin } from '../src/kafka/admin.js';
 import { isPoisonError, isProducerStateError, isUnknownTopic } from '../src/kafka/classifyError.js';
 import { PartlyPublishedError } from '../src/kafka/partlyPublished.js';
 import type { Publisher, PublishMessage } from '../src/kafka/publisher.js';
@@ -21,6 +22,8 @@ import { writeToTable } from './wal/walToTable.js';
 export interface PublishContext {
   db: Db;
   publisher: Publisher;
+  /** Which topics the cluster has (RelayOptions.admin). */
+  admin: KafkaAdmin | undefined;
   log: Logger;
   stats: RelayStats;
   publishRetries: number | undefined;
@@ -229,6 +232,25 @@ async function isolateMissingTopics(
     if (group) group.push(b);
     else byTopic.set(b.message.topic, [b]);
   }
+  const absent = await absentTopics(c, [...byTopic.keys()]);
+  if (absent !== undefined) {
+    // The cluster answered: it lacks these. Their keys are parked, the other topics sent.
+    if (absent.size === 0) return undefined; // it has every one: a moment's answer, tried again
+    const sent: number[] = [];
+    for (const [topic, group] of byTopic) {
+      if (absent.has(topic)) {
+        await parkEach(c, group, refusal);
+        continue;
+      }
+      try {
+        await publishWithRetry(c, group);
+        for (const b of group) sent.push(b.row.id);
+      } catch (err) {
+        return { sent, failure: err };
+      }
+    }
+    return { sent };
+  }
   if (byTopic.size < 2) return undefined; // nothing to tell the broker from the topic by
   const sent: number[] = [];
   const missing: Array<{ group: Ready[]; err: unknown }> = [];
@@ -256,13 +278,30 @@ async function isolateMissingTopics(
     } catch (again) {
       if (!isUnknownTopic(again)) return { sent, failure: again };
     }
-    const parked = new Set<string>();
-    for (const b of group) {
-      const k = keyOf(b.row);
-      if (parked.has(k)) continue;
-      parked.add(k);
-      await park(c, b.row, err);
-    }
+    await parkEach(c, group, err);
   }
   return { sent };
+}
+
+/** Parks each key of `group` at its first message. */
+async function parkEach(c: PublishContext, group: readonly Ready[], err: unknown): Promise<void> {
+  const parked = new Set<string>();
+  for (const b of group) {
+    const k = keyOf(b.row);
+    if (parked.has(k)) continue;
+    parked.add(k);
+    await park(c, b.row, err);
+  }
+}
+
+/** Which of `topics` the cluster does not have, as its admin answers; undefined: no admin, or no answer. */
+async function absentTopics(c: PublishContext, topics: readonly string[]): Promise<Set<string> | undefined> {
+  if (!c.admin) return undefined;
+  try {
+    const has = new Set(await c.admin.listTopics());
+    return new Set(topics.filter((t) => !has.has(t)));
+  } catch (err) {
+    c.log.warn({ err: (err as Error).message }, 'could not list the topics; the batch is tried again');
+    return undefined;
+  }
 }

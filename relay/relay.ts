@@ -111,6 +111,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   const publishing: PublishContext = {
     db,
     publisher: options.publisher,
+    admin: options.admin,
     log,
     stats,
     publishRetries: options.publishRetries,

@@ -1,4 +1,5 @@
 import type { Db } from '../src/db/database.js';
+import type { KafkaAdmin } from '../src/kafka/admin.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import type { Logger } from '../src/logger.js';
 
@@ -6,6 +7,13 @@ import type { Logger } from '../src/logger.js';
 export interface RelayOptions {
   db: Db;
   publisher: Publisher;
+  /**
+   * Asked which topics the cluster has when a batch fails for a topic the broker does not have
+   * (createKafkaAdmin, the same brokers; the caller closes it). With it, a message to a missing
+   * topic parks its own key even when every message of the batch is for that topic; without
+   * it, only once another topic of the batch went through.
+   */
+  admin?: KafkaAdmin;
   logger?: Logger;
   instanceId?: string;
   /** Messages per batch at most (default 2,500). */

@@ -2,6 +2,7 @@ import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRelay } from '../../relay/relay.js';
 import type { Db } from '../../src/db/database.js';
+import { createKafkaAdmin } from '../../src/kafka/admin.js';
 import { createKafkaPublisher, type Publisher } from '../../src/kafka/publisher.js';
 import { laneOf } from '../../src/outbox/lanes.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
@@ -178,6 +179,51 @@ describe('a message to a topic the broker does not have', () => {
     } finally {
       await relay.stop();
       await run;
+    }
+  });
+
+  it('with the admin given, a batch all of it for the missing topic (more rows than a batch, or one row past its bytes) parks those keys (review)', async () => {
+    const dotted = await createTestTopic('bad.topic.flood', 1);
+    const colliding = dotted.replaceAll('.', '_');
+    for (let i = 0; i < 6; i++)
+      await sql`INSERT INTO outbox (lane, message_id, topic, key, payload)
+                VALUES (${laneOf(`f${i}`)}, gen_random_uuid(), ${colliding}, ${`f${i}`}, ${Buffer.alloc(i === 0 ? 4000 : 1)})`.execute(
+        asA,
+      );
+    for (let i = 0; i < 20; i++)
+      await asB
+        .transaction()
+        .execute((t) => outbox.enqueue(t, [{ topic, key: `flood-b${i}`, payload: { i } }]));
+    const admin = createKafkaAdmin({ brokers: kafkaBrokers() });
+    const relay = createRelay({
+      db: tdb.db,
+      publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+      admin,
+      instanceId: 'r3',
+      batchSize: 5,
+      maxBatchBytes: 1000,
+      publishRetries: 1,
+      maxIdleMs: 20,
+    });
+    const run = relay.run();
+    try {
+      await waitFor(
+        "tenant B's messages published",
+        async () =>
+          (await tdb.db.selectFrom('outbox').select('id').where('key', 'like', 'flood-b%').execute())
+            .length === 0,
+        30_000,
+      );
+      const parked = await tdb.db
+        .selectFrom('outbox_parked_key')
+        .select('key')
+        .where('topic', '=', colliding)
+        .execute();
+      expect(parked.map((p) => p.key).sort()).toEqual(['f0', 'f1', 'f2', 'f3', 'f4', 'f5']);
+    } finally {
+      await relay.stop();
+      await run;
+      await admin.close();
     }
   });
 });
