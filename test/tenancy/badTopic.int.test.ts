@@ -1,7 +1,8 @@
-import { sql } from 'kysely';
+import { type SelectQueryBuilder, sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createRelay } from '../../relay/relay.js';
+import { createRelay, type Relay, type RelayOptions } from '../../relay/relay.js';
 import type { Db } from '../../src/db/database.js';
+import type { Database } from '../../src/db/types.js';
 import { createKafkaAdmin } from '../../src/kafka/admin.js';
 import { createKafkaPublisher, type Publisher } from '../../src/kafka/publisher.js';
 import { laneOf } from '../../src/outbox/lanes.js';
@@ -92,6 +93,40 @@ describe("a tenant's own outbox row naming a topic no broker accepts", () => {
  * a retriable answer: one relay held every lane for good (20 of 20 other messages unsent after
  * 20 s). Now each topic of such a batch is sent on its own, and the missing topic's key parked.
  */
+/** Runs a relay with `options` until no outbox row matches `left` (30 s), then stops it. */
+async function relayUntilSent(
+  options: Partial<RelayOptions>,
+  left: (
+    q: SelectQueryBuilder<Database, 'outbox', { id: number }>,
+  ) => SelectQueryBuilder<Database, 'outbox', { id: number }>,
+): Promise<Relay> {
+  const relay = createRelay({
+    db: tdb.db,
+    publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+    publishRetries: 1,
+    maxIdleMs: 20,
+    ...options,
+  });
+  const run = relay.run();
+  try {
+    await waitFor(
+      'the messages of topics the broker has published',
+      async () => (await left(tdb.db.selectFrom('outbox').select('id')).execute()).length === 0,
+      30_000,
+    );
+  } finally {
+    await relay.stop();
+    await run;
+  }
+  return relay;
+}
+const parkedOn = (topics: string[]) =>
+  tdb.db
+    .selectFrom('outbox_parked_key')
+    .select(['tenant', 'topic', 'key', 'error'])
+    .where('topic', 'in', topics)
+    .execute();
+
 describe('a message to a topic the broker does not have', () => {
   it("parks its own key; another tenant's messages on every lane are published", async () => {
     const colliding = topic.replaceAll('.', '_');
@@ -99,44 +134,15 @@ describe('a message to a topic the broker does not have', () => {
               VALUES (7, gen_random_uuid(), ${colliding}, 'a-key', '\\x00')`.execute(asA);
     for (let i = 0; i < 20; i++)
       await asB.transaction().execute((t) => outbox.enqueue(t, [{ topic, key: `b${i}`, payload: { i } }]));
-    const relay = createRelay({
-      db: tdb.db,
-      publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
-      instanceId: 'r1',
-      publishRetries: 1,
-      maxIdleMs: 20,
-    });
-    const run = relay.run();
-    try {
-      await waitFor(
-        "tenant B's messages published",
-        async () =>
-          (await tdb.db.selectFrom('outbox').select('id').where('tenant_id', '=', 'tenant-b').execute())
-            .length === 0,
-        30_000,
-      );
-      const parked = await tdb.db
-        .selectFrom('outbox_parked_key')
-        .select(['tenant', 'topic', 'key', 'error'])
-        .where('topic', '=', colliding)
-        .execute();
-      expect(parked).toEqual([
-        {
-          tenant: 'tenant-a',
-          topic: colliding,
-          key: 'a-key',
-          error: expect.stringMatching(/topic-partition/),
-        },
-      ]);
-      expect(relay.stats().parked).toBe(1);
-      // Its row waits for an operator (create the topic, or skip it), behind its parked key.
-      expect(
-        await tdb.db.selectFrom('outbox').select('topic').where('tenant_id', '=', 'tenant-a').execute(),
-      ).toEqual([{ topic: colliding }]);
-    } finally {
-      await relay.stop();
-      await run;
-    }
+    const relay = await relayUntilSent({ instanceId: 'r1' }, (q) => q.where('tenant_id', '=', 'tenant-b'));
+    expect(await parkedOn([colliding])).toEqual([
+      { tenant: 'tenant-a', topic: colliding, key: 'a-key', error: expect.stringMatching(/topic-partition/) },
+    ]);
+    expect(relay.stats().parked).toBe(1);
+    // Its row waits for an operator (create the topic, or skip it), behind its parked key.
+    expect(
+      await tdb.db.selectFrom('outbox').select('topic').where('tenant_id', '=', 'tenant-a').execute(),
+    ).toEqual([{ topic: colliding }]);
   });
 
   it('a broker back from a restart between two topics of the isolation parks nothing (review)', async () => {
@@ -163,28 +169,14 @@ describe('a message to a topic the broker does not have', () => {
         return real.publish(messages);
       },
     };
-    const relay = createRelay({ db: tdb.db, publisher, instanceId: 'r2', publishRetries: 0, maxIdleMs: 20 });
-    const run = relay.run();
-    try {
-      await waitFor(
-        'every message of x and y published',
-        async () =>
-          (await tdb.db.selectFrom('outbox').select('id').where('topic', 'in', [x, y]).execute()).length ===
-          0,
-        20_000,
-      );
-      expect(
-        await tdb.db.selectFrom('outbox_parked_key').select('key').where('topic', 'in', [x, y]).execute(),
-      ).toEqual([]);
-    } finally {
-      await relay.stop();
-      await run;
-    }
+    await relayUntilSent({ publisher, instanceId: 'r2', publishRetries: 0 }, (q) =>
+      q.where('topic', 'in', [x, y]),
+    );
+    expect(await parkedOn([x, y])).toEqual([]);
   });
 
   it('with the admin given, a batch all of it for the missing topic (more rows than a batch, or one row past its bytes) parks those keys (review)', async () => {
-    const dotted = await createTestTopic('bad.topic.flood', 1);
-    const colliding = dotted.replaceAll('.', '_');
+    const colliding = (await createTestTopic('bad.topic.flood', 1)).replaceAll('.', '_');
     for (let i = 0; i < 6; i++)
       await sql`INSERT INTO outbox (lane, message_id, topic, key, payload)
                 VALUES (${laneOf(`f${i}`)}, gen_random_uuid(), ${colliding}, ${`f${i}`}, ${Buffer.alloc(i === 0 ? 4000 : 1)})`.execute(
@@ -195,35 +187,20 @@ describe('a message to a topic the broker does not have', () => {
         .transaction()
         .execute((t) => outbox.enqueue(t, [{ topic, key: `flood-b${i}`, payload: { i } }]));
     const admin = createKafkaAdmin({ brokers: kafkaBrokers() });
-    const relay = createRelay({
-      db: tdb.db,
-      publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
-      admin,
-      instanceId: 'r3',
-      batchSize: 5,
-      maxBatchBytes: 1000,
-      publishRetries: 1,
-      maxIdleMs: 20,
-    });
-    const run = relay.run();
     try {
-      await waitFor(
-        "tenant B's messages published",
-        async () =>
-          (await tdb.db.selectFrom('outbox').select('id').where('key', 'like', 'flood-b%').execute())
-            .length === 0,
-        30_000,
+      await relayUntilSent({ admin, instanceId: 'r3', batchSize: 5, maxBatchBytes: 1000 }, (q) =>
+        q.where('key', 'like', 'flood-b%'),
       );
-      const parked = await tdb.db
-        .selectFrom('outbox_parked_key')
-        .select('key')
-        .where('topic', '=', colliding)
-        .execute();
-      expect(parked.map((p) => p.key).sort()).toEqual(['f0', 'f1', 'f2', 'f3', 'f4', 'f5']);
     } finally {
-      await relay.stop();
-      await run;
       await admin.close();
     }
+    expect((await parkedOn([colliding])).map((p) => p.key).sort()).toEqual([
+      'f0',
+      'f1',
+      'f2',
+      'f3',
+      'f4',
+      'f5',
+    ]);
   });
 });
