@@ -233,21 +233,31 @@ async function isolateMissingTopics(
     else byTopic.set(b.message.topic, [b]);
   }
   const absent = await absentTopics(c, [...byTopic.keys()]);
-  if (absent !== undefined) {
-    // The cluster answered: it lacks these. Their keys are parked, the other topics sent.
-    if (absent.size === 0) return undefined; // it has every one: a moment's answer, tried again
+  if (absent !== undefined && absent.size > 0) {
+    // The cluster says it lacks these: the other topics are sent; each of these is tried once
+    // more, and parked only if it fails again and a second listing still lacks it. A broker
+    // back from a restart may list what it has not loaded yet (review): never one answer alone.
     const sent: number[] = [];
+    const failing: Array<{ topic: string; group: Ready[]; err: unknown }> = [];
     for (const [topic, group] of byTopic) {
-      if (absent.has(topic)) {
-        await parkEach(c, group, refusal);
-        continue;
-      }
       try {
         await publishWithRetry(c, group);
         for (const b of group) sent.push(b.row.id);
       } catch (err) {
-        return { sent, failure: err };
+        if (!absent.has(topic) || !isUnknownTopic(err)) return { sent, failure: err };
+        failing.push({ topic, group, err });
       }
+    }
+    const still =
+      failing.length > 0
+        ? await absentTopics(
+            c,
+            failing.map((f) => f.topic),
+          )
+        : new Set<string>();
+    for (const f of failing) {
+      if (!still?.has(f.topic)) return { sent, failure: f.err };
+      await parkEach(c, f.group, f.err);
     }
     return { sent };
   }
@@ -294,14 +304,27 @@ async function parkEach(c: PublishContext, group: readonly Ready[], err: unknown
   }
 }
 
-/** Which of `topics` the cluster does not have, as its admin answers; undefined: no admin, or no answer. */
+/**
+ * Which of `topics` the cluster does not have, as its admin answers within 5 s; undefined: no
+ * admin, no answer, or an answer naming no topic at all (a broker that has loaded nothing yet).
+ */
 async function absentTopics(c: PublishContext, topics: readonly string[]): Promise<Set<string> | undefined> {
   if (!c.admin) return undefined;
+  let timer: NodeJS.Timeout | undefined;
   try {
-    const has = new Set(await c.admin.listTopics());
+    const listed = await Promise.race([
+      c.admin.listTopics(),
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error('no answer within 5 s')), 5_000);
+      }),
+    ]);
+    const has = new Set(listed.filter((t) => !t.startsWith('__')));
+    if (has.size === 0) return undefined;
     return new Set(topics.filter((t) => !has.has(t)));
   } catch (err) {
     c.log.warn({ err: (err as Error).message }, 'could not list the topics; the batch is tried again');
     return undefined;
+  } finally {
+    clearTimeout(timer);
   }
 }
