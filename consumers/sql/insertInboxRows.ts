@@ -104,22 +104,23 @@ export async function appliedBy(db: Executor, groupId: string, m: InboxMessage):
 }
 
 /**
- * Whether `m` is the copy `cairn inbox replay` sent of a dead letter recorded under its
- * coordinates: its id (cairn-offset:...) is that letter's, which an operator replayed. No other
- * message may take such an id (inboxMessage.ts COORDINATES); only the owner writes inbox_dlq.
+ * Whether `m` is a copy `cairn inbox replay` sent of a dead letter recorded under its
+ * coordinates: its id (cairn-offset:...) is that letter's. No other message may take such an id
+ * (inboxMessage.ts COORDINATES); only the owner writes inbox_dlq. The replay sends the copy
+ * before it commits, holding the letter's row: a copy read at once waits for that (review: read
+ * unreplayed, the copy was dead-lettered again). A replay that then rolled back (killed, or past
+ * its deadline) left the letter open and its dead-lettered inbox row in place: the copy is
+ * dropped as that row's duplicate, and the letter can be replayed again (review: dead-lettered
+ * under its own coordinates, it was a second letter, and replaying both ran the handler twice).
  */
 export async function replayedLetter(db: Executor, groupId: string, m: InboxMessage): Promise<boolean> {
-  // The replay sends the copy before it commits (it holds the letter's row meanwhile): a copy
-  // read at once waits for that commit, as a copy of any other id waits on its inbox row. Not
-  // waited for, it read the letter unreplayed and dead-lettered the copy again (review). The
-  // letter is locked by its id alone: a row the snapshot shows unreplayed is one to wait for.
   const row = await db
     .selectFrom('inbox_dlq')
-    .select('replayed_at')
+    .select('id')
     .where('consumer_group', '=', groupId)
     .where(sql<boolean>`coalesce(tenant_id, '') = ${m.tenantId ?? ''}`)
     .where('message_id', '=', m.messageId)
     .forShare()
     .executeTakeFirst();
-  return row?.replayed_at != null;
+  return row !== undefined;
 }

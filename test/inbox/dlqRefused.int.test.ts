@@ -375,4 +375,53 @@ describe('a dead letter the broker refuses', () => {
       expect(dlq[0]!.error).toMatch(/starts with cairn-offset:/);
     });
   });
+
+  it('a replay that rolls back after the broker took its copy (killed, or past its deadline): the copy is dropped, the letter stays one, and replaying it again applies it once (review)', async () => {
+    const topic = await createTestTopic('inbox-dlq-replay-rollback', 1);
+    await produceTo(topic, [
+      {
+        key: 'k',
+        value: JSON.stringify({ seq: 61 }),
+        headers: { 'cairn-message-id': 'id\u0000nul', 'cairn-tenant': 'acme' },
+      },
+    ]);
+    const groupId = `${topic}.g`;
+    const letter = `cairn-offset:${topic}:0:0`;
+    // Sends the copy, then fails before the replay commits (as a kill or the deadline would).
+    const cutAfterAck = (): Publisher => {
+      const real = createKafkaPublisher({ brokers: kafkaBrokers() });
+      return {
+        address: real.address,
+        connect: () => real.connect(),
+        disconnect: () => real.disconnect(),
+        async publish(ms) {
+          await real.publish(ms);
+          throw new Error('killed after the ack (test)');
+        },
+      };
+    };
+    await withConsumer(topic, groupId, recordSeq, 2, async (consumer) => {
+      await waitFor('the dead letter', () => consumer.stats().deadLettered === 1, 30_000);
+      await expect(
+        replayDeadLetter(tdb.db, cutAfterAck(), { messageId: letter, groupId, tenantId: 'acme' }),
+      ).rejects.toThrow(/killed after the ack/);
+      await waitFor('the copy dropped as a duplicate', () => consumer.stats().duplicates === 1, 30_000);
+      expect(consumer.stats().deadLettered).toBe(1);
+      const letters = async () =>
+        tdb.db
+          .selectFrom('inbox_dlq')
+          .select(['message_id', 'replayed_at'])
+          .where('consumer_group', '=', groupId)
+          .execute();
+      expect(await letters()).toEqual([{ message_id: letter, replayed_at: null }]);
+      await replayDeadLetter(tdb.db, createKafkaPublisher({ brokers: kafkaBrokers() }), {
+        messageId: letter,
+        groupId,
+        tenantId: 'acme',
+      });
+      await waitFor('the copy applied', () => consumer.stats().applied === 1, 30_000);
+      expect(await seenFrom(61)).toEqual([61]);
+      expect((await letters()).length).toBe(1);
+    });
+  });
 });
