@@ -1,6 +1,6 @@
 import pRetry, { AbortError } from 'p-retry';
 import type { Db } from '../src/db/database.js';
-import { CairnError, CairnErrorCodes } from '../src/errors.js';
+import { CairnError, CairnErrorCodes, UnavailableError } from '../src/errors.js';
 import type { KafkaAdmin } from '../src/kafka/admin.js';
 import { isPoisonError, isProducerStateError, isUnknownTopic } from '../src/kafka/classifyError.js';
 import { PartlyPublishedError } from '../src/kafka/partlyPublished.js';
@@ -315,7 +315,10 @@ async function absentTopics(c: PublishContext, topics: readonly string[]): Promi
     const listed = await Promise.race([
       c.admin.listTopics(),
       new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new Error('no answer within 5 s')), 5_000);
+        timer = setTimeout(
+          () => reject(new UnavailableError('the cluster did not list its topics within 5 s')),
+          5_000,
+        );
       }),
     ]);
     const has = new Set(listed.filter((t) => !t.startsWith('__')));
