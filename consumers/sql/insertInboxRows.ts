@@ -112,15 +112,28 @@ export async function appliedBy(db: Executor, groupId: string, m: InboxMessage):
  * its deadline) left the letter open and its dead-lettered inbox row in place: the copy is
  * dropped as that row's duplicate, and the letter can be replayed again (review: dead-lettered
  * under its own coordinates, it was a second letter, and replaying both ran the handler twice).
+ * An open letter whose row the inbox's prune removed accepts nothing.
  */
 export async function replayedLetter(db: Executor, groupId: string, m: InboxMessage): Promise<boolean> {
   const row = await db
     .selectFrom('inbox_dlq')
-    .select('id')
+    .select('replayed_at')
     .where('consumer_group', '=', groupId)
     .where(sql<boolean>`coalesce(tenant_id, '') = ${m.tenantId ?? ''}`)
     .where('message_id', '=', m.messageId)
     .forShare()
     .executeTakeFirst();
-  return row !== undefined;
+  if (!row) return false;
+  if (row.replayed_at !== null) return true;
+  // Open: only while its dead-lettered row is there to drop the copy. Once pruned, a message
+  // under that id would be applied in the letter's place, and the letter never replayed (review).
+  const held = await db
+    .selectFrom('inbox')
+    .select('outcome')
+    .where('consumer_group', '=', groupId)
+    .where(sql<boolean>`coalesce(tenant_id, '') = ${m.tenantId ?? ''}`)
+    .where('message_id', '=', m.messageId)
+    .forShare()
+    .executeTakeFirst();
+  return held?.outcome === 'dead_lettered';
 }
