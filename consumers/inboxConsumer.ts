@@ -125,9 +125,8 @@ export function createInboxConsumerWithTestHooks(
   async function applyChunk(trx: Trx, chunk: readonly InboxMessage[], heartbeat?: BatchHeartbeat) {
     const counts = { applied: 0, duplicates: 0, stale: 0 };
     const latencies: number[] = [];
-    for (const m of chunk) {
-      if (!(replayedCopy(m) && (await replayedLetter(trx, groupId, m)))) refuseUnstorable(m);
-    }
+    for (const m of chunk)
+      if (!storable(m) && !(replayedCopy(m) && (await replayedLetter(trx, groupId, m)))) refuseUnstorable(m);
     const fresh = await insertInboxRows(trx, groupId, chunk);
     // A task changed in a handler records the message in its changelog record (a replay
     // after a failover restores the inbox row from it).

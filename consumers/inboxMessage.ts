@@ -93,10 +93,10 @@ type Field = keyof typeof MAX_BYTES;
  */
 export const COORDINATES = 'cairn-offset:';
 
-/** Why `value` cannot be stored as it is in `field`, or undefined. */
-function unstorable(field: Field, value: string | null | undefined): string | undefined {
+/** Why `value` cannot be stored as it is in `field`, or undefined (`coordinates`: a letter's id may be one). */
+function unstorable(field: Field, value: string | null | undefined, coordinates = false): string | undefined {
   if (value === null || value === undefined) return undefined;
-  if (field === 'cairn-message-id' && value.startsWith(COORDINATES))
+  if (field === 'cairn-message-id' && !coordinates && value.startsWith(COORDINATES))
     return `starts with ${COORDINATES}, the ids Cairn gives the dead letters of messages it cannot store`;
   if (value.includes(NUL)) return 'holds a NUL byte, which Postgres does not store in text';
   // Bytes only when the characters could exceed the bound (UTF-8 takes at most 3 per UTF-16 unit).
@@ -109,10 +109,9 @@ function unstorable(field: Field, value: string | null | undefined): string | un
 export function replayedCopy(m: InboxMessage): boolean {
   return (
     m.messageId.startsWith(COORDINATES) &&
+    unstorable('cairn-message-id', m.messageId, true) === undefined &&
     unstorable('key', m.key) === undefined &&
-    unstorable('cairn-tenant', m.tenantId) === undefined &&
-    !m.messageId.includes(NUL) &&
-    Buffer.byteLength(m.messageId) <= MAX_BYTES['cairn-message-id']
+    unstorable('cairn-tenant', m.tenantId) === undefined
   );
 }
 

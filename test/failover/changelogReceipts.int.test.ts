@@ -5,6 +5,7 @@ import type { ChangelogReceipt } from '../../src/state/changelog.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask, planApproved } from '../state/fixtures.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+import { waitFor } from '../support/topicReader.js';
 
 /**
  * A changelog record carries the task's receipts that changed since its previous version:
@@ -34,6 +35,16 @@ async function recordOf(taskId: string, version: number): Promise<ChangelogRecei
   return (JSON.parse(row.payload.toString()) as { body: { receipts: ChangelogReceipt[] } }).body.receipts;
 }
 
+/** Until the database's clock is past the task's receipts' finished_at (the next version is then after it). */
+const pastFinishedAt = (taskId: string) =>
+  waitFor('the clock past the receipts', async () => {
+    const r = await sql<{ past: boolean }>`
+      SELECT clock_timestamp() > max(finished_at) AS past FROM tool_receipt WHERE task_id = ${taskId}`.execute(
+      tdb.db,
+    );
+    return r.rows[0]?.past === true;
+  });
+
 describe('the receipts a changelog record carries', () => {
   it('a receipt taken back after it failed, running its second attempt, is in the record of the change made meanwhile', async () => {
     const store = createTaskStore({ db: tdb.db, changelog: { topic } });
@@ -56,7 +67,7 @@ describe('the receipts a changelog record carries', () => {
         },
       });
     expect((await deploy()).status).toBe('failed');
-    await new Promise((r) => setTimeout(r, 20)); // the failure strictly before version 2
+    await pastFinishedAt('CR-1'); // the failure strictly before version 2
     await store.update({
       taskId: 'CR-1',
       expectedVersion: 1,
@@ -79,7 +90,7 @@ describe('the receipts a changelog record carries', () => {
     );
     await sql`UPDATE tool_receipt SET status = 'uncertain', error = 'socket hang up', finished_at = now()
                WHERE task_id = 'CR-2'`.execute(tdb.db);
-    await new Promise((x) => setTimeout(x, 20));
+    await pastFinishedAt('CR-2');
     await store.update({ taskId: 'CR-2', expectedVersion: 1, patch: planApproved(), actor: AGENT });
     // A human's gate, as the receipt store sets it (status and resolution only).
     await sql`UPDATE tool_receipt SET status = 'gated', resolution = 'waiting for a human decision'

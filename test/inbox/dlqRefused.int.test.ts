@@ -10,11 +10,9 @@ import { promisify } from 'node:util';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
-import { replayDeadLetter } from '../../consumers/deadLetters.js';
-import { createInboxConsumer, type InboxConsumer, type InboxHandler } from '../../consumers/inboxConsumer.js';
+import type { InboxHandler } from '../../consumers/inboxConsumer.js';
 import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
-import { createKafkaPublisher, kafkaClient, type Publisher } from '../../src/kafka/publisher.js';
-import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
+import { kafkaClient } from '../../src/kafka/publisher.js';
 import { cairnBundle } from '../support/cli.js';
 import {
   createTestDatabase,
@@ -23,6 +21,7 @@ import {
   type TestDatabase,
 } from '../support/testDatabase.js';
 import { waitFor } from '../support/topicReader.js';
+import { dlqHarness } from './dlqHarness.js';
 import { produceTo, uuid } from './fixtures.js';
 
 const run = promisify(execFile);
@@ -32,46 +31,12 @@ beforeAll(async () => {
   tdb = await createTestDatabase('inbox_dlq_refused');
   await sql`CREATE TABLE seen (seq int NOT NULL)`.execute(tdb.db);
   await sql`CREATE TABLE fixed (ok boolean)`.execute(tdb.db);
-  await sql`CREATE TABLE seen_as (seq int NOT NULL, tenant text)`.execute(tdb.db);
 });
 afterAll(async () => {
   await tdb?.drop();
 });
 
-/** A handler that records the message's `seq`. */
-const recordSeq: InboxHandler = async (trx, m) => {
-  await sql`INSERT INTO seen (seq) VALUES (${m.json<{ seq: number }>().seq})`.execute(trx);
-};
-const seenFrom = async (lo: number) =>
-  (await sql<{ seq: number }>`SELECT seq FROM seen WHERE seq >= ${lo} ORDER BY seq`.execute(tdb.db)).rows.map(
-    (r) => r.seq,
-  );
-
-/** An inbox consumer of `topic` for `fn`, stopped after it. */
-async function withConsumer(
-  topic: string,
-  groupId: string,
-  handler: InboxHandler,
-  maxAttempts: number,
-  fn: (consumer: InboxConsumer) => Promise<void>,
-): Promise<void> {
-  const consumer = createInboxConsumer({
-    db: tdb.db,
-    groupId,
-    subscriber: createKafkaSubscriber({ brokers: kafkaBrokers(), groupId, topics: [topic] }),
-    dlqPublisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
-    handler,
-    maxAttempts,
-    retryBaseMs: 20,
-  });
-  const running = consumer.run();
-  try {
-    await fn(consumer);
-  } finally {
-    await consumer.stop();
-    await running.catch(() => {});
-  }
-}
+const { recordSeq, seenFrom, withConsumer } = dlqHarness(() => tdb);
 
 describe('a dead letter the broker refuses', () => {
   it('is recorded in inbox_dlq without being sent; the handler is not run again and again; the partition moves on; replay applies it once fixed', async () => {
@@ -249,179 +214,6 @@ describe('a dead letter the broker refuses', () => {
         `cairn-offset:${topic}:0:0`,
         `cairn-offset:${topic}:0:3`,
       ]);
-    });
-  });
-
-  /**
-   * Review: such a letter was stored with no tenant, but a replay resent its stored headers, so
-   * the copy was applied as the tenant they named; a second replay looked for an applied row
-   * with no tenant, found none and sent it again (after the inbox's prune, a second run).
-   */
-  it('replaying one: an unstorable id keeps its tenant, and a second replay is refused as applied; an unstorable tenant is not replayed as anyone', async () => {
-    const topic = await createTestTopic('inbox-dlq-replay-identity', 1);
-    await produceTo(topic, [
-      {
-        key: 'k',
-        value: JSON.stringify({ seq: 41 }),
-        headers: { 'cairn-message-id': 'id\u0000nul', 'cairn-tenant': 'acme' },
-      },
-      {
-        key: 'k',
-        value: JSON.stringify({ seq: 42 }),
-        headers: { 'cairn-message-id': uuid(), 'cairn-tenant': 'acme\u0000x' },
-      },
-    ]);
-    const groupId = `${topic}.g`;
-    const handler: InboxHandler = async (trx, m) => {
-      await sql`INSERT INTO seen_as (seq, tenant) VALUES (${m.json<{ seq: number }>().seq}, ${m.tenantId ?? null})`.execute(
-        trx,
-      );
-    };
-    // The replaying process slow between the broker's ack and its commit (a pause, a busy
-    // host): the copy is read first, and must wait for the commit (review).
-    const slowAfterAck = (): Publisher => {
-      const real = createKafkaPublisher({ brokers: kafkaBrokers() });
-      return {
-        address: real.address,
-        connect: () => real.connect(),
-        disconnect: () => real.disconnect(),
-        async publish(ms) {
-          await real.publish(ms);
-          await new Promise((r) => setTimeout(r, 1000));
-        },
-      };
-    };
-    const replay = (messageId: string, tenantId?: string) =>
-      replayDeadLetter(tdb.db, slowAfterAck(), {
-        messageId,
-        groupId,
-        ...(tenantId !== undefined && { tenantId }),
-      });
-    await withConsumer(topic, groupId, handler, 2, async (consumer) => {
-      await waitFor('two dead letters', () => consumer.stats().deadLettered === 2, 30_000);
-      const rows = await tdb.db
-        .selectFrom('inbox_dlq')
-        .select(['message_id', 'tenant_id'])
-        .where('consumer_group', '=', groupId)
-        .orderBy('offset')
-        .execute();
-      expect(rows.map((r) => [r.message_id, r.tenant_id])).toEqual([
-        [`cairn-offset:${topic}:0:0`, 'acme'],
-        [`cairn-offset:${topic}:0:1`, null],
-      ]);
-
-      await replay(`cairn-offset:${topic}:0:0`, 'acme');
-      await waitFor('the replayed copy applied', () => consumer.stats().applied === 1, 30_000);
-      await expect(replay(`cairn-offset:${topic}:0:0`, 'acme')).rejects.toMatchObject({
-        code: 'already_applied',
-      });
-
-      await expect(replay(`cairn-offset:${topic}:0:1`)).rejects.toThrow(/cairn-tenant/);
-      await new Promise((r) => setTimeout(r, 1000)); // a copy sent anyway would be applied meanwhile
-      expect(consumer.stats().applied).toBe(1);
-      const seen = await sql<{
-        seq: number;
-        tenant: string | null;
-      }>`SELECT seq, tenant FROM seen_as ORDER BY seq`.execute(tdb.db);
-      expect(seen.rows).toEqual([{ seq: 41, tenant: 'acme' }]);
-    });
-  });
-
-  it('no message takes the id of the dead letter at another offset (review: the letter was dropped as applied)', async () => {
-    const topic = await createTestTopic('inbox-dlq-collide', 1);
-    const coords = (offset: number) => `cairn-offset:${topic}:0:${offset}`;
-    await produceTo(topic, [
-      // An id of the form a message without one is applied under: a message's own choice.
-      {
-        key: 'k',
-        value: JSON.stringify({ seq: 50 }),
-        headers: { 'cairn-message-id': `${topic}:0:2`, 'cairn-tenant': 'acme' },
-      },
-      // The id of the dead letter at offset 2: refused as its own (dead-lettered at offset 1).
-      {
-        key: 'k',
-        value: JSON.stringify({ seq: 51 }),
-        headers: { 'cairn-message-id': coords(2), 'cairn-tenant': 'acme' },
-      },
-      {
-        key: 'k',
-        value: JSON.stringify({ seq: 52 }),
-        headers: { 'cairn-message-id': 'id\u0000nul', 'cairn-tenant': 'acme' },
-      },
-      {
-        key: 'k',
-        value: JSON.stringify({ seq: 53 }),
-        headers: { 'cairn-message-id': uuid(), 'cairn-tenant': 'acme' },
-      },
-    ]);
-    const groupId = `${topic}.g`;
-    await withConsumer(topic, groupId, recordSeq, 2, async (consumer) => {
-      await waitFor(
-        'two applied, two dead-lettered',
-        () => consumer.stats().applied === 2 && consumer.stats().deadLettered === 2,
-        30_000,
-      );
-      expect(await seenFrom(50)).toEqual([50, 53]);
-      const dlq = await tdb.db
-        .selectFrom('inbox_dlq')
-        .select(['message_id', 'tenant_id', 'error'])
-        .where('consumer_group', '=', groupId)
-        .orderBy('offset')
-        .execute();
-      expect(dlq.map((r) => [r.message_id, r.tenant_id])).toEqual([
-        [coords(1), 'acme'],
-        [coords(2), 'acme'],
-      ]);
-      expect(dlq[0]!.error).toMatch(/starts with cairn-offset:/);
-    });
-  });
-
-  it('a replay that rolls back after the broker took its copy (killed, or past its deadline): the copy is dropped, the letter stays one, and replaying it again applies it once (review)', async () => {
-    const topic = await createTestTopic('inbox-dlq-replay-rollback', 1);
-    await produceTo(topic, [
-      {
-        key: 'k',
-        value: JSON.stringify({ seq: 61 }),
-        headers: { 'cairn-message-id': 'id\u0000nul', 'cairn-tenant': 'acme' },
-      },
-    ]);
-    const groupId = `${topic}.g`;
-    const letter = `cairn-offset:${topic}:0:0`;
-    // Sends the copy, then fails before the replay commits (as a kill or the deadline would).
-    const cutAfterAck = (): Publisher => {
-      const real = createKafkaPublisher({ brokers: kafkaBrokers() });
-      return {
-        address: real.address,
-        connect: () => real.connect(),
-        disconnect: () => real.disconnect(),
-        async publish(ms) {
-          await real.publish(ms);
-          throw new Error('killed after the ack (test)');
-        },
-      };
-    };
-    await withConsumer(topic, groupId, recordSeq, 2, async (consumer) => {
-      await waitFor('the dead letter', () => consumer.stats().deadLettered === 1, 30_000);
-      await expect(
-        replayDeadLetter(tdb.db, cutAfterAck(), { messageId: letter, groupId, tenantId: 'acme' }),
-      ).rejects.toThrow(/killed after the ack/);
-      await waitFor('the copy dropped as a duplicate', () => consumer.stats().duplicates === 1, 30_000);
-      expect(consumer.stats().deadLettered).toBe(1);
-      const letters = async () =>
-        tdb.db
-          .selectFrom('inbox_dlq')
-          .select(['message_id', 'replayed_at'])
-          .where('consumer_group', '=', groupId)
-          .execute();
-      expect(await letters()).toEqual([{ message_id: letter, replayed_at: null }]);
-      await replayDeadLetter(tdb.db, createKafkaPublisher({ brokers: kafkaBrokers() }), {
-        messageId: letter,
-        groupId,
-        tenantId: 'acme',
-      });
-      await waitFor('the copy applied', () => consumer.stats().applied === 1, 30_000);
-      expect(await seenFrom(61)).toEqual([61]);
-      expect((await letters()).length).toBe(1);
     });
   });
 });
