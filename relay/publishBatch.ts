@@ -1,6 +1,6 @@
 import pRetry, { AbortError } from 'p-retry';
 import type { Db } from '../src/db/database.js';
-import { CairnError, CairnErrorCodes, UnavailableError } from '../src/errors.js';
+import { CairnError, CairnErrorCodes, LeaseLostError, UnavailableError } from '../src/errors.js';
 import type { KafkaAdmin } from '../src/kafka/admin.js';
 import { isPoisonError, isProducerStateError, isUnknownTopic } from '../src/kafka/classifyError.js';
 import { PartlyPublishedError } from '../src/kafka/partlyPublished.js';
@@ -21,6 +21,11 @@ import { writeToTable } from './wal/walToTable.js';
  */
 export interface PublishContext {
   db: Db;
+  instanceId: string;
+  /** The fencing token this relay holds `lane` under now (undefined: not held). */
+  fenceOf(lane: number): number | undefined;
+  /** Extends this relay's lane leases when a renewal is due: called through an isolation's long steps. */
+  keepLanes(): Promise<void>;
   publisher: Publisher;
   /** Which topics the cluster has (RelayOptions.admin). */
   admin: KafkaAdmin | undefined;
@@ -49,19 +54,32 @@ export interface Ready {
 }
 export const keyOf = (r: ClaimedRow) => `${r.tenant_id ?? ''}\u0000${r.topic}\u0000${r.key}`;
 
+/**
+ * Parks the row's key at it. A LeaseLostError when this relay no longer holds the row's lane
+ * under its token (it was slow: another relay took the lane and may have sent the message):
+ * nothing is parked, and the lane's new owner decides.
+ */
 async function park(c: PublishContext, r: ClaimedRow, err: unknown): Promise<void> {
-  c.stats.parked++;
+  await c.keepLanes();
+  await c.hooks.beforePark?.(r.message_id);
+  const token = c.fenceOf(r.lane);
+  const lost = () =>
+    new LeaseLostError(`lane ${r.lane} is no longer this relay's: key not parked at ${r.message_id}`);
+  if (token === undefined) throw lost();
   // A WAL message has no row to park its key at: it becomes one (relay/wal/walToTable.ts).
   if (r.emitted) await writeToTable(c.db, [r]);
   const message = (err as Error).message ?? String(err);
-  await parkKey(c.db, {
+  const held = await parkKey(c.db, {
     tenant: r.tenant_id,
     topic: r.topic,
     key: r.key,
     messageId: r.message_id,
     id: r.id,
     error: message,
+    lane: { lane: r.lane, owner: c.instanceId, token },
   });
+  if (!held) throw lost();
+  c.stats.parked++;
   c.log.error(
     { message_id: r.message_id, lane: r.lane, key: r.key, tenant: r.tenant_id, err: message },
     'message can never be published as it is; key parked',
@@ -171,7 +189,7 @@ export async function isolatePoison(
     for (;;) {
       try {
         await c.hooks.beforeIsolatedPublish?.(b.row.message_id);
-        await publishWithRetry(c, [b]);
+        await sendGroup(c, [b]);
         sent.push(b.row.id);
       } catch (err) {
         if (isProducerStateError(err) && !freshProducer) {
@@ -190,7 +208,8 @@ export async function isolatePoison(
         }
         if (!isPoisonError(err)) return { sent, failure: err };
         parkedKeys.add(k);
-        await park(c, b.row, err);
+        const lost = await parked(c, b.row, err);
+        if (lost) return { sent, failure: lost };
       }
       break;
     }
@@ -241,7 +260,7 @@ async function isolateMissingTopics(
     const failing: Array<{ topic: string; group: Ready[]; err: unknown }> = [];
     for (const [topic, group] of byTopic) {
       try {
-        await publishWithRetry(c, group);
+        await sendGroup(c, group);
         for (const b of group) sent.push(b.row.id);
       } catch (err) {
         if (!absent.has(topic) || !isUnknownTopic(err)) return { sent, failure: err };
@@ -257,7 +276,8 @@ async function isolateMissingTopics(
         : new Set<string>();
     for (const f of failing) {
       if (!still?.has(f.topic)) return { sent, failure: f.err };
-      await parkEach(c, f.group, f.err);
+      const lost = await parkEach(c, f.group, f.err);
+      if (lost) return { sent, failure: lost };
     }
     return { sent };
   }
@@ -266,7 +286,7 @@ async function isolateMissingTopics(
   const missing: Array<{ group: Ready[]; err: unknown }> = [];
   for (const group of byTopic.values()) {
     try {
-      await publishWithRetry(c, group);
+      await sendGroup(c, group);
       for (const b of group) sent.push(b.row.id);
     } catch (err) {
       if (isUnknownTopic(err)) missing.push({ group, err });
@@ -282,26 +302,63 @@ async function isolateMissingTopics(
     // Once more, now that another topic went through: a broker back from a restart answered
     // so for every topic, and a group tried before it was back is not one it lacks (review).
     try {
-      await publishWithRetry(c, group);
+      await sendGroup(c, group);
       for (const b of group) sent.push(b.row.id);
       continue;
     } catch (again) {
       if (!isUnknownTopic(again)) return { sent, failure: again };
     }
-    await parkEach(c, group, err);
+    const lost = await parkEach(c, group, err);
+    if (lost) return { sent, failure: lost };
   }
   return { sent };
 }
 
-/** Parks each key of `group` at its first message. */
-async function parkEach(c: PublishContext, group: readonly Ready[], err: unknown): Promise<void> {
-  const parked = new Set<string>();
+/**
+ * Parks the row's key, in an isolation: the LeaseLostError when the lane was lost (the
+ * isolation stops there; what it sent is deleted, under the lanes still held).
+ */
+async function parked(c: PublishContext, r: ClaimedRow, err: unknown): Promise<LeaseLostError | undefined> {
+  try {
+    await park(c, r, err);
+    return undefined;
+  } catch (e) {
+    if (e instanceof LeaseLostError) return e;
+    throw e;
+  }
+}
+
+/**
+ * Sends messages in an isolation, the leases extended first when due (each step may retry for
+ * seconds). A LeaseLostError, nothing sent, when a message's lane is no longer this relay's:
+ * it was slow, and the lane's new owner may have sent the message already (review).
+ */
+async function sendGroup(c: PublishContext, group: readonly Ready[]): Promise<void> {
+  await c.keepLanes();
+  const lost = group.find((b) => c.fenceOf(b.row.lane) === undefined);
+  if (lost) {
+    throw new LeaseLostError(
+      `lane ${lost.row.lane} is no longer this relay's: its isolation stops at ${lost.row.message_id}`,
+    );
+  }
+  await publishWithRetry(c, group);
+}
+
+/** Parks each key of `group` at its first message; the LeaseLostError if a lane was lost. */
+async function parkEach(
+  c: PublishContext,
+  group: readonly Ready[],
+  err: unknown,
+): Promise<LeaseLostError | undefined> {
+  const keys = new Set<string>();
   for (const b of group) {
     const k = keyOf(b.row);
-    if (parked.has(k)) continue;
-    parked.add(k);
-    await park(c, b.row, err);
+    if (keys.has(k)) continue;
+    keys.add(k);
+    const lost = await parked(c, b.row, err);
+    if (lost) return lost;
   }
+  return undefined;
 }
 
 /**
@@ -310,6 +367,7 @@ async function parkEach(c: PublishContext, group: readonly Ready[], err: unknown
  */
 async function absentTopics(c: PublishContext, topics: readonly string[]): Promise<Set<string> | undefined> {
   if (!c.admin) return undefined;
+  await c.keepLanes();
   let timer: NodeJS.Timeout | undefined;
   try {
     const listed = await Promise.race([

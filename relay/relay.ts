@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { databaseAddress, pingDatabase } from '../src/db/database.js';
 import { isConfigurationSqlError, isDatabaseOutage, mapSqlError } from '../src/db/sqlstate.js';
-import { ConfigurationError } from '../src/errors.js';
+import { ConfigurationError, LeaseLostError } from '../src/errors.js';
 import { isKafkaConfigurationError } from '../src/kafka/classifyError.js';
 import { silentLogger } from '../src/logger.js';
 import { observations, withObservations } from '../src/metrics/observations.js';
@@ -23,7 +23,7 @@ import {
   synchronousReplication,
 } from './sql/laneLeases.js';
 import { stepAsidePolicy } from './stepAside.js';
-import type { Relay, RelayOptions, RelayStats, RelayTestHooks } from './types.js';
+import { newRelayStats, type Relay, type RelayOptions, type RelayTestHooks, waitTimer } from './types.js';
 import { createVacuumer } from './vacuum.js';
 import { createWakeup } from './wakeup.js';
 import { createWalMode } from './wal/walMode.js';
@@ -56,28 +56,8 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   const ttlMs = options.leaseTtlMs ?? 10_000;
   const maxIdleMs = options.maxIdleMs ?? 200;
   const renewEveryMs = Math.max(100, Math.floor(ttlMs / 3));
-  const stats: RelayStats = {
-    published: 0,
-    batches: 0,
-    retries: 0,
-    parked: 0,
-    lanesOwned: 0,
-    lostLaneDeletes: 0,
-    goneBeforeDelete: 0,
-    steppedAside: 0,
-    claims: 0,
-    idleMs: 1,
-    waitMs: { claim: 0, publish: 0, delete: 0, barrier: 0 },
-    waitingFor: null,
-  };
-  const timed = async <T>(what: keyof RelayStats['waitMs'], p: Promise<T>): Promise<T> => {
-    const t0 = performance.now();
-    try {
-      return await p;
-    } finally {
-      stats.waitMs[what] += performance.now() - t0;
-    }
-  };
+  const stats = newRelayStats();
+  const timed = waitTimer(stats);
 
   let owned = new Map<number, number>(); // lane -> fencing token
   let stopping = false;
@@ -102,14 +82,27 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     );
   }
 
+  let lastRenewal = Number.NEGATIVE_INFINITY; // a monotonic clock (see the loop)
   async function rebalance(): Promise<void> {
     barrierNeeded = options.replicationBarrier !== 'off' && (await synchronousReplication(db));
     owned = await shareLanes(db, { instanceId, ttlMs, log });
     stats.lanesOwned = owned.size;
+    lastRenewal = performance.now();
+  }
+
+  /** In a long step (an isolation), extends the leases when due: a relay slow, not dead, keeps its lanes. */
+  async function keepLanes(): Promise<void> {
+    if (performance.now() - lastRenewal < renewEveryMs) return;
+    owned = await renewLanes(db, instanceId, ttlMs); // a lease already run out is not extended: lost
+    stats.lanesOwned = owned.size;
+    lastRenewal = performance.now();
   }
 
   const publishing: PublishContext = {
     db,
+    instanceId,
+    fenceOf: (lane) => owned.get(lane),
+    keepLanes,
     publisher: options.publisher,
     admin: options.admin,
     log,
@@ -223,7 +216,8 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     stats.published += sentIds.length;
     maybeVacuum(sentIds.length);
     stats.batches++;
-    if (failure !== undefined) throw new PublishFailed(failure);
+    // A lane lost in an isolation is no broker's failure: the loop takes its share again.
+    if (failure !== undefined) throw failure instanceof LeaseLostError ? failure : new PublishFailed(failure);
     if (log.isLevelEnabled('trace')) {
       for (const r of rows) log.trace({ message_id: r.message_id, lane: r.lane }, 'published');
     }

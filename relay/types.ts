@@ -77,6 +77,8 @@ export interface RelayTestHooks {
   afterPublish?(batchNumber: number, messageIds: readonly string[]): void | Promise<void>;
   /** Before each single-message publish while a refused batch is searched for its culprit. */
   beforeIsolatedPublish?(messageId: string): void | Promise<void>;
+  /** Before a key is parked at the message (a row that cannot be encoded, a refusal, a missing topic). */
+  beforePark?(messageId: string): void | Promise<void>;
 }
 
 /** Counters of a running relay (for metrics and tests). */
@@ -123,6 +125,36 @@ export interface RelayStats {
     movedToTable: number;
     /** Times the slot that read WAL messages was found lost (a promotion, an invalidation, a drop): messages not yet acknowledged then are lost. */
     messagesMaybeLost: number;
+  };
+}
+
+/** A new relay's counters. */
+export function newRelayStats(): RelayStats {
+  return {
+    published: 0,
+    batches: 0,
+    retries: 0,
+    parked: 0,
+    lanesOwned: 0,
+    lostLaneDeletes: 0,
+    goneBeforeDelete: 0,
+    steppedAside: 0,
+    claims: 0,
+    idleMs: 1,
+    waitMs: { claim: 0, publish: 0, delete: 0, barrier: 0 },
+    waitingFor: null,
+  };
+}
+
+/** Adds the time each awaited step took to `stats.waitMs[what]`. */
+export function waitTimer(stats: RelayStats) {
+  return async <T>(what: keyof RelayStats['waitMs'], p: Promise<T>): Promise<T> => {
+    const t0 = performance.now();
+    try {
+      return await p;
+    } finally {
+      stats.waitMs[what] += performance.now() - t0;
+    }
   };
 }
 

@@ -240,7 +240,6 @@ export function preview(value: unknown, max = 80): string {
   return text.length > max ? `${text.slice(0, max)}…` : text;
 }
 
-/** The lease this write relies on was lost (expired, taken over, or released): nothing was written. */
 /**
  * Throw it from a tool receipt's effect when the call may have done its work though no answer
  * came back (a timeout after the request left, say): the receipt turns uncertain and goes to
@@ -253,6 +252,7 @@ export class OutcomeUnknownError extends CairnError {
   }
 }
 
+/** The lease this write relies on was lost (expired, taken over, or released): nothing was written. */
 export class LeaseLostError extends CairnError {
   constructor(message: string) {
     super('lease_lost', message);

@@ -3,13 +3,13 @@ import { promisify } from 'node:util';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { repoRoot } from '../../cli/stack/paths.js';
-import { parkKey } from '../../relay/sql/parkKey.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import type { Db } from '../../src/db/database.js';
 import { laneOf } from '../../src/outbox/lanes.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
 import { cairnBundle } from '../support/cli.js';
+import { parkAsLaneOwner } from '../support/parkKey.js';
 import { twoTenants } from '../support/tenants.js';
 import { createTestDatabase, kafkaBrokers, type TestDatabase } from '../support/testDatabase.js';
 
@@ -64,7 +64,7 @@ describe("a tenant's control characters and an operator's terminal", () => {
         INSERT INTO outbox (lane, message_id, tenant_id, topic, key, payload)
         VALUES (${laneOf(key)}, gen_random_uuid(), ${tenant}, 'orders', ${key}, '\\x00')
         RETURNING id, message_id`.execute(t.db);
-      await parkKey(t.db, {
+      await parkAsLaneOwner(t.db, {
         tenant,
         topic: 'orders',
         key,

@@ -1,6 +1,6 @@
 import { type SelectQueryBuilder, sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createRelay, type Relay, type RelayOptions } from '../../relay/relay.js';
+import { createRelay, createRelayWithTestHooks, type Relay, type RelayOptions } from '../../relay/relay.js';
 import type { Db } from '../../src/db/database.js';
 import type { Database } from '../../src/db/types.js';
 import { createKafkaAdmin } from '../../src/kafka/admin.js';
@@ -217,5 +217,53 @@ describe('a message to a topic the broker does not have', () => {
       'f4',
       'f5',
     ]);
+  });
+
+  it('a relay whose isolation takes longer than its lease (slow listings) keeps its lanes to the park (review)', async () => {
+    const colliding = (await createTestTopic('bad.topic.slow', 1)).replaceAll('.', '_');
+    await sql`INSERT INTO outbox (lane, message_id, topic, key, payload)
+              VALUES (${laneOf('slow-key')}, gen_random_uuid(), ${colliding}, 'slow-key', '\\x00')`.execute(
+      asA,
+    );
+    const real = createKafkaAdmin({ brokers: kafkaBrokers() });
+    // Each listing takes 1.2 s (within its 5 s deadline): two of them outlast the 2 s lease.
+    const admin = {
+      ...real,
+      listTopics: async () => {
+        await new Promise((r) => setTimeout(r, 1200));
+        return real.listTopics();
+      },
+    };
+    const atPark: Array<{ owner: string | null; live: boolean }> = [];
+    const relay = createRelayWithTestHooks(
+      {
+        db: tdb.db,
+        publisher: createKafkaPublisher({ brokers: kafkaBrokers() }),
+        admin,
+        instanceId: 'r4',
+        leaseTtlMs: 2000,
+        publishRetries: 0,
+      },
+      {
+        beforePark: async () => {
+          const { rows } = await sql<{ owner: string | null; live: boolean }>`
+            SELECT owner, expires_at > now() AS live FROM relay_lane WHERE lane = ${laneOf('slow-key')}`.execute(
+            tdb.db,
+          );
+          atPark.push(rows[0]!);
+        },
+      },
+    );
+    const run = relay.run();
+    try {
+      await waitFor('the key to be parked', async () => (await parkedOn([colliding])).length > 0, 30_000);
+    } finally {
+      await relay.stop();
+      await run;
+      await real.close();
+    }
+    // Observed before: the lease had run out under the relay still isolating (live: false),
+    // free for another relay to take while this one was about to park.
+    expect(atPark[0]).toEqual({ owner: 'r4', live: true });
   });
 });

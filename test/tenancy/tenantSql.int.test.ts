@@ -3,7 +3,6 @@ import { v5 as uuidv5 } from 'uuid';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { insertInboxRows } from '../../consumers/sql/insertInboxRows.js';
 import { claimBatch } from '../../relay/sql/claimBatch.js';
-import { parkKey } from '../../relay/sql/parkKey.js';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import type { Db } from '../../src/db/database.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
@@ -13,6 +12,7 @@ import { createReceiptStore, idempotencyKeyOf } from '../../src/receipts/receipt
 import { annotate } from '../../src/retention/holds.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
+import { parkAsLaneOwner } from '../support/parkKey.js';
 import { twoTenants } from '../support/tenants.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 
@@ -302,7 +302,7 @@ describe("a tenant's own SQL on its own connection", () => {
         RETURNING id, message_id`.execute(t.db);
     const aRow = (await insert('tenant-a')).rows[0] as { id: number; message_id: string };
     const bRow = (await insert('tenant-b')).rows[0] as { id: number; message_id: string };
-    await parkKey(t.db, {
+    await parkAsLaneOwner(t.db, {
       tenant: 'tenant-a',
       topic: 'parked',
       key: 'shared-key',
