@@ -1,3 +1,4 @@
+import { sql } from 'kysely';
 import { z } from 'zod';
 import { canonicalBytes, sha256 } from '../canonical.js';
 import type { Checkpointer, StoredCheckpoint } from '../checkpoints/checkpoints.js';
@@ -262,7 +263,13 @@ async function resumeHolding(taskId: string, o: ResumeOptions, lease: Lease): Pr
     wanted.length === 0
       ? []
       : (
-          await o.db.selectFrom('outbox').select('message_id').where('message_id', 'in', wanted).execute()
+          await o.db
+            .selectFrom('outbox')
+            .select('message_id')
+            .where('message_id', 'in', wanted)
+            // Ids are unique per tenant: another tenant's row under the same id is not this one (review).
+            .where(sql<boolean>`coalesce(tenant_id, '') = ${state.tenant_id ?? ''}`)
+            .execute()
         ).map((r) => r.message_id),
   );
   return {
