@@ -1,24 +1,31 @@
 import { randomUUID } from 'node:crypto';
 import { databaseAddress, pingDatabase } from '../src/db/database.js';
 import { isConfigurationSqlError, isDatabaseOutage, mapSqlError } from '../src/db/sqlstate.js';
-import { ConfigurationError, LeaseLostError } from '../src/errors.js';
+import { ConfigurationError } from '../src/errors.js';
 import { isKafkaConfigurationError } from '../src/kafka/classifyError.js';
 import { silentLogger } from '../src/logger.js';
 import { observations, withObservations } from '../src/metrics/observations.js';
 import { parseOptions } from '../src/options.js';
 import { type Dependency, untilReachable } from '../src/startup/untilReachable.js';
 import { createDeletePipeline } from './deletePipeline.js';
+import { createHeldLanes } from './heldLanes.js';
+import { isolate } from './isolate.js';
 import { DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCH_BYTES, RelayOptionsSchema } from './options.js';
-import { isolate, type PublishContext, PublishFailed, publishWithRetry, toMessages } from './publishBatch.js';
+import {
+  isLaneError,
+  type PublishContext,
+  PublishFailed,
+  publishWithRetry,
+  type Ready,
+  toMessages,
+} from './publishBatch.js';
 import type { RelayObservation } from './publishSpan.js';
 import { type Claim, type ClaimedRow, claimBatch } from './sql/claimBatch.js';
 import {
   forgetInstance,
   releaseLanes,
-  renewLanes,
   replicationBarrier,
   seedLanes,
-  shareLanes,
   stepAsideIfOthersLive,
   synchronousReplication,
 } from './sql/laneLeases.js';
@@ -59,7 +66,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   const stats = newRelayStats();
   const timed = waitTimer(stats);
 
-  let owned = new Map<number, number>(); // lane -> fencing token
+  const lanes = createHeldLanes({ db, instanceId, ttlMs, renewEveryMs, log, stats });
   let stopping = false;
   const stopWaiting = new AbortController();
   let running: Promise<void> | undefined;
@@ -71,38 +78,27 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
   async function stepAside(): Promise<void> {
     prefetch = undefined;
     await deletes.finish().catch(() => {});
-    const lanes = await stepAsideIfOthersLive(db, instanceId, ttlMs);
-    if (lanes === undefined) return; // alone: giving the lanes up helps nobody
+    const given = await stepAsideIfOthersLive(db, instanceId, ttlMs);
+    if (given === undefined) return; // alone: giving the lanes up helps nobody
     await walMode?.stop();
-    owned = new Map();
-    Object.assign(stats, { lanesOwned: 0, steppedAside: stats.steppedAside + 1, waitingFor: null });
+    lanes.drop();
+    Object.assign(stats, { steppedAside: stats.steppedAside + 1, waitingFor: null });
     log.warn(
-      { lanes, for_ms: aside.stepped() },
+      { lanes: given, for_ms: aside.stepped() },
       'the broker could not be reached for twice the lease TTL while other relays are live: their turn with these lanes',
     );
   }
 
-  let lastRenewal = Number.NEGATIVE_INFINITY; // a monotonic clock (see the loop)
   async function rebalance(): Promise<void> {
     barrierNeeded = options.replicationBarrier !== 'off' && (await synchronousReplication(db));
-    owned = await shareLanes(db, { instanceId, ttlMs, log });
-    stats.lanesOwned = owned.size;
-    lastRenewal = performance.now();
-  }
-
-  /** In a long step (an isolation), extends the leases when due: a relay slow, not dead, keeps its lanes. */
-  async function keepLanes(): Promise<void> {
-    if (performance.now() - lastRenewal < renewEveryMs) return;
-    owned = await renewLanes(db, instanceId, ttlMs); // a lease already run out is not extended: lost
-    stats.lanesOwned = owned.size;
-    lastRenewal = performance.now();
+    await lanes.rebalance();
   }
 
   const publishing: PublishContext = {
     db,
     instanceId,
-    fenceOf: (lane) => owned.get(lane),
-    keepLanes,
+    fenceOf: (lane) => lanes.owned.get(lane),
+    keepLanes: () => lanes.keep(),
     publisher: options.publisher,
     admin: options.admin,
     log,
@@ -124,16 +120,14 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     stats,
     retryMissed: options.wal !== undefined,
     timed: (p) => timed('delete', p),
-    async onLostLane() {
-      owned = await renewLanes(db, instanceId, ttlMs);
-    },
+    onLostLane: () => lanes.renew(),
   });
 
   const maybeVacuum = createVacuumer({ db, log, every: options.vacuumEveryDeletes ?? 50_000 });
 
   /** A claim, with the lane tokens it was made under. */
   const claim = (exclude: ReadonlyArray<{ id: number; lane: number }>): Promise<FencedClaim> => {
-    const fences = new Map(owned);
+    const fences = new Map(lanes.owned);
     stats.claims++;
     return claimBatch(db, {
       lanes: [...fences.keys()],
@@ -151,7 +145,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
     // rows of lanes still held under the token they were claimed under go on. A lane lost and
     // taken back meanwhile has a new token, and its rows were the other owner's to send. (Keys
     // are parked only by the owner of their lane, in isolate, which drops the prefetch.)
-    return { rows: c.rows.filter((r) => owned.get(r.lane) === c.fences.get(r.lane)), full: c.full };
+    return { rows: c.rows.filter((r) => lanes.owned.get(r.lane) === c.fences.get(r.lane)), full: c.full };
   }
 
   /** Publishes one batch: its size, and whether a limit cut it (more may be waiting: no sleep). */
@@ -173,11 +167,16 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
 
   /** Publishes rows (claimed, or streamed) in order, parks what can never go, deletes what went. */
   async function publishRows(rows: readonly ClaimedRow[]): Promise<void> {
-    const { ready, parkedAny } = await toMessages(publishing, rows);
+    const { ready: encoded, parkedAny } = await toMessages(publishing, rows);
     // The prefetch may hold later messages of a key parked now: claim afresh instead.
     if (parkedAny) prefetch = undefined;
     // With a synchronous standby, publish only what the standby is known to have.
     if (barrierNeeded) await timed('barrier', replicationBarrier(db, instanceId));
+    // A park or the barrier may have outlasted the lease: a lane lost meanwhile is its new
+    // owner's to send (review). Its rows stay (WAL messages go to the table, below).
+    await lanes.keep();
+    const held = (b: Ready) => lanes.owned.has(b.row.lane);
+    const ready = encoded.every(held) ? encoded : encoded.filter(held);
     let sentIds: number[];
     let failure: unknown;
     try {
@@ -189,6 +188,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       sentIds = ready.map((b) => b.row.id);
     } catch (err) {
       prefetch = undefined;
+      if (isLaneError(err)) throw err;
       const isolated = await isolate(publishing, ready, err); // a refusal, or a topic the broker lacks
       if (!isolated) throw new PublishFailed(err);
       ({ sent: sentIds, failure } = isolated);
@@ -212,12 +212,12 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
         );
     }
     if (sent.some((r) => r.emitted)) sent = sent.filter((r) => !r.emitted); // no row to delete
-    deletes.start(sent, new Map(owned));
+    deletes.start(sent, new Map(lanes.owned));
     stats.published += sentIds.length;
     maybeVacuum(sentIds.length);
     stats.batches++;
     // A lane lost in an isolation is no broker's failure: the loop takes its share again.
-    if (failure !== undefined) throw failure instanceof LeaseLostError ? failure : new PublishFailed(failure);
+    if (failure !== undefined) throw isLaneError(failure) ? failure : new PublishFailed(failure);
     if (log.isLevelEnabled('trace')) {
       for (const r of rows) log.trace({ message_id: r.message_id, lane: r.lane }, 'published');
     }
@@ -232,7 +232,7 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       batchSize,
       maxBatchBytes,
       stats,
-      owned: () => owned,
+      owned: () => lanes.owned,
       timedClaim: (p) => timed('claim', p),
       publish: publishRows,
       deletes,
@@ -314,10 +314,14 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
             lastRebalance = performance.now();
           }
           // Without lanes nothing waits for the broker here: say so (the metric would alert forever).
-          if (owned.size === 0 && stats.waitingFor === 'kafka') stats.waitingFor = null;
+          if (lanes.owned.size === 0 && stats.waitingFor === 'kafka') stats.waitingFor = null;
           const publishedBefore = stats.published;
           const { n, full } =
-            owned.size === 0 ? { n: 0, full: false } : walMode ? await walMode.step() : await processBatch();
+            lanes.owned.size === 0
+              ? { n: 0, full: false }
+              : walMode
+                ? await walMode.step()
+                : await processBatch();
           wakeup.settled(n > 0);
           // Sent: acknowledged by the broker (a WAL step's rows may only have moved to the table).
           stats.published > publishedBefore ? aside.sent() : aside.idle();
@@ -360,11 +364,10 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
       await deletes.finish().catch(() => {});
       await walMode?.stop();
       await wakeup.end();
-      await releaseLanes(db, instanceId, [...owned.keys()]).catch(() => {});
+      await releaseLanes(db, instanceId, [...lanes.owned.keys()]).catch(() => {});
       await forgetInstance(db, instanceId, ttlMs).catch(() => {});
       await options.publisher.disconnect().catch(() => {});
-      owned = new Map();
-      stats.lanesOwned = 0;
+      lanes.drop();
     }
   }
 

@@ -121,7 +121,7 @@ export async function synchronousReplication(db: Executor): Promise<boolean> {
 export const replicationBarrier = touchInstance;
 
 /** Records this instance as alive: always a write (an upsert), which the barrier relies on. */
-async function touchInstance(db: Executor, instanceId: string): Promise<void> {
+export async function touchInstance(db: Executor, instanceId: string): Promise<void> {
   await sql`INSERT INTO relay_instance (instance_id) VALUES (${instanceId})
             ON CONFLICT (instance_id) DO UPDATE SET last_seen = now()`.execute(db);
 }

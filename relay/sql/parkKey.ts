@@ -4,8 +4,8 @@ import { SqlState, sqlState } from '../../src/db/sqlstate.js';
 
 /**
  * Parks a tenant's key at its head message and records the error on the row, only for the
- * relay that holds the row's lane under the token it read the row with; false (nothing
- * written) when it does not any more.
+ * relay that holds the row's lane under the token it read the row with ('lane lost', nothing
+ * written, when it does not any more) and only while the row is there ('row gone').
  */
 export async function parkKey(
   db: Executor,
@@ -19,7 +19,7 @@ export async function parkKey(
     /** The lane's owner and fencing token the row was read under. */
     lane: { lane: number; owner: string; token: number };
   },
-): Promise<boolean> {
+): Promise<'parked' | 'row gone' | 'lane lost'> {
   // Only while the row is still in the outbox (locked, so a concurrent `cairn outbox skip`
   // either waits for the park and removes it, or has removed the row first): a relay that was
   // frozen while it isolated a refused batch must not park a key, on waking, at a message an
@@ -27,7 +27,7 @@ export async function parkKey(
   // (locked, so a take-over waits for the park): another relay that took the lane may have
   // sent the message and not deleted it yet (review). A lease run out that nobody took keeps
   // its token: nobody else has sent from the lane, and the park holds.
-  const { rows } = await sql<{ held: boolean }>`
+  const { rows } = await sql<{ held: boolean; row: boolean }>`
     WITH lane AS (
       SELECT lane FROM relay_lane
        WHERE lane = ${p.lane.lane} AND owner = ${p.lane.owner} AND fencing_token = ${p.lane.token}
@@ -39,16 +39,22 @@ export async function parkKey(
       SELECT ${p.tenant ?? ''}, ${p.topic}, ${p.key}, ${p.messageId}::uuid, ${p.error} FROM row
       ON CONFLICT (tenant, topic, key) DO NOTHING
     )
-    SELECT EXISTS (SELECT 1 FROM lane) AS held
+    SELECT EXISTS (SELECT 1 FROM lane) AS held, EXISTS (SELECT 1 FROM row) AS row
   `.execute(db);
-  if (!rows[0]?.held) return false;
+  if (!rows[0]?.held) return 'lane lost';
+  if (!rows[0].row) return 'row gone';
   // A row that breaks a CHECK added after it was written (headers, a topic Kafka refuses, a
   // key or headers too large: migrations 0008, 0017) cannot be updated at all: the park alone
   // holds its key, and the error is on the parked key.
-  await sql`UPDATE outbox SET attempts = attempts + 1, last_error = ${p.error} WHERE id = ${p.id}`
+  // Under the lane's token again: a relay paused here must not write its error on a row the
+  // lane's next owner has in hand (review).
+  await sql`UPDATE outbox SET attempts = attempts + 1, last_error = ${p.error}
+             WHERE id = ${p.id} AND EXISTS (
+               SELECT 1 FROM relay_lane
+                WHERE lane = ${p.lane.lane} AND owner = ${p.lane.owner} AND fencing_token = ${p.lane.token})`
     .execute(db)
     .catch((err: unknown) => {
       if (sqlState(err) !== SqlState.checkViolation) throw err;
     });
-  return true;
+  return 'parked';
 }

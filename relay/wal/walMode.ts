@@ -65,7 +65,7 @@ export function createWalMode(o: {
   maxBatchBytes: number;
   stats: RelayStats;
   /** The lanes this relay owns now, with their tokens. */
-  owned(): Map<number, number>;
+  owned(): ReadonlyMap<number, number>;
   /** Waits on a claim, counted in stats.waitMs.claim. */
   timedClaim(p: Promise<Claim>): Promise<Claim>;
   /** Publishes rows in order, parks what can never go, deletes what went. */
