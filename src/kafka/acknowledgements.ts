@@ -1,5 +1,11 @@
 import type { ICustomPartitioner, RecordMetadata } from 'kafkajs';
 
+/** Where each message object went (a Map the publisher empties after each send, or a WeakMap). */
+export interface PartitionRecord {
+  get(message: object): number | undefined;
+  set(message: object, partition: number): unknown;
+}
+
 /** A topic's partition that a send wrote messages to. */
 export interface SentPartition {
   topic: string;
@@ -21,7 +27,7 @@ export interface SentPartition {
  */
 export function recordingPartitioner(
   partitioner: ICustomPartitioner,
-  partitionOf: WeakMap<object, number>,
+  partitionOf: PartitionRecord,
 ): ICustomPartitioner {
   return () => {
     const choose = partitioner();

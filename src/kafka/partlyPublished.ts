@@ -1,4 +1,5 @@
 import { CairnError, CairnErrorCodes } from '../errors.js';
+import type { PartitionRecord } from './acknowledgements.js';
 import { isPoisonError } from './classifyError.js';
 import type { PublishMessage } from './publisher.js';
 
@@ -42,7 +43,7 @@ type TopicMessages = Array<{ topic: string; messages: PublishMessage[] }>;
 export async function sortRefusal(
   refusal: unknown,
   sent: TopicMessages,
-  partitionOf: WeakMap<object, number>,
+  partitionOf: PartitionRecord,
   send: (topicMessages: TopicMessages) => Promise<void>,
 ): Promise<unknown> {
   const groups: TopicMessages = [];
