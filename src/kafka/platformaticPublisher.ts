@@ -5,7 +5,9 @@ import {
   stringSerializer,
 } from '@platformatic/kafka';
 import { CairnError, CairnErrorCodes } from '../errors.js';
+import { isPoisonError } from './classifyError.js';
 import { keyHash } from './keyPartition.js';
+import { PartlyPublishedError } from './partlyPublished.js';
 import type { Publisher, PublishMessage } from './publisher.js';
 
 /**
@@ -100,15 +102,29 @@ export function createPlatformaticPublisher(opts: {
         value: m.value,
         headers: m.headers,
       }));
-      const result = await p.send({ messages: out });
+      const partitionOf = (m: Message) => {
+        const count = p.currentMetadata?.topics.get(m.topic)?.partitionsCount;
+        const hash = m[HASH];
+        return count && hash !== undefined ? `${m.topic}\u0000${hash % count}` : `${m.topic}\u0000?`;
+      };
+      let result: Awaited<ReturnType<typeof p.send>>;
+      try {
+        result = await p.send({ messages: out });
+      } catch (err) {
+        // The broker refused some partitions of a request and wrote the others: those are
+        // named, not sent again (the isolation would write them twice).
+        const written = isPoisonError(err) ? writtenPartitions(err) : undefined;
+        const acknowledged = new Set(
+          written ? messages.filter((_, i) => written.has(partitionOf(out[i]!))) : [],
+        );
+        throw acknowledged.size > 0 ? new PartlyPublishedError(acknowledged, err) : err;
+      }
       // Every partition written to must have answered (see ./acknowledgements.ts for the
       // kafkajs bug that made this check necessary; here it guards the same promise).
       const acked = new Set((result.offsets ?? []).map((o) => `${o.topic}\u0000${o.partition}`));
       const missing = new Set<string>();
       for (const m of out) {
-        const count = p.currentMetadata?.topics.get(m.topic)?.partitionsCount;
-        const hash = m[HASH];
-        const k = count && hash !== undefined ? `${m.topic}\u0000${hash % count}` : `${m.topic}\u0000?`;
+        const k = partitionOf(m);
         if (!acked.has(k)) missing.add(k.replace('\u0000', '/'));
       }
       if (missing.size > 0) {
@@ -127,4 +143,33 @@ export function createPlatformaticPublisher(opts: {
       await p?.close();
     },
   };
+}
+
+/**
+ * The partitions a failed send wrote: @platformatic/kafka throws one AggregateError for the
+ * send, holding each broker's refused response, whose partitions answered one by one (error
+ * code 0: written), and `produced` with the offsets of the requests that went through.
+ */
+function writtenPartitions(err: unknown): Set<string> {
+  const written = new Set<string>();
+  const e = err as {
+    errors?: Array<{
+      response?: {
+        responses?: Array<{
+          name?: string;
+          partitionResponses?: Array<{ index: number; errorCode: number }>;
+        }>;
+      };
+    }>;
+    produced?: { offsets?: Array<{ topic: string; partition: number }> };
+  };
+  for (const o of e.produced?.offsets ?? []) written.add(`${o.topic}\u0000${o.partition}`);
+  for (const inner of e.errors ?? []) {
+    for (const r of inner?.response?.responses ?? []) {
+      for (const pr of r.partitionResponses ?? []) {
+        if (pr.errorCode === 0 && r.name !== undefined) written.add(`${r.name}\u0000${pr.index}`);
+      }
+    }
+  }
+  return written;
 }
