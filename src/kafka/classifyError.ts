@@ -89,20 +89,27 @@ export function isProducerStateError(err: unknown): boolean {
 }
 
 /**
- * The broker has no such topic (UNKNOWN_TOPIC_OR_PARTITION; librdkafka's 3, or its local -188):
+ * The broker has no such topic (UNKNOWN_TOPIC_OR_PARTITION; librdkafka's 3, or its local -188;
+ * @platformatic/kafka turns the metadata's answer into a UserError "Unknown topic <name>."):
  * one auto-creation cannot make (it collides with another by '.' and '_'), or auto-creation off.
  * Retriable, as a topic being created answers the same for a moment: the relay sends the other
  * topics of the batch on their own, and parks this one's keys only when they go through.
  */
 export function isUnknownTopic(err: unknown): boolean {
   return someInChain(err, (e) => {
-    const { type, apiId } = e as { type?: unknown; apiId?: unknown };
+    const {
+      type,
+      apiId,
+      code: name,
+      message,
+    } = e as { type?: unknown; apiId?: unknown; code?: unknown; message?: unknown };
     const code = librdkafkaCode(e);
     return (
       type === 'UNKNOWN_TOPIC_OR_PARTITION' ||
       apiId === 'UNKNOWN_TOPIC_OR_PARTITION' ||
       code === 3 ||
-      code === -188
+      code === -188 ||
+      (name === 'PLT_KFK_USER' && typeof message === 'string' && message.startsWith('Unknown topic '))
     );
   });
 }

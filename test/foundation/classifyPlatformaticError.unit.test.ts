@@ -1,6 +1,6 @@
-import { MultipleErrors, NetworkError, ResponseError } from '@platformatic/kafka';
+import { MultipleErrors, NetworkError, ResponseError, UserError } from '@platformatic/kafka';
 import { describe, expect, it } from 'vitest';
-import { isPoisonError } from '../../src/kafka/classifyError.js';
+import { isPoisonError, isUnknownTopic } from '../../src/kafka/classifyError.js';
 
 // How @platformatic/kafka reports a failed send: the send's error holds the broker response's,
 // which holds one error per partition (apiId names the broker's error code).
@@ -19,5 +19,15 @@ describe('isPoisonError with @platformatic/kafka errors', () => {
     expect(
       isPoisonError(new MultipleErrors('metadata failed 4 times.', [new NetworkError('Connection closed')])),
     ).toBe(false);
+  });
+});
+
+describe('isUnknownTopic with @platformatic/kafka errors', () => {
+  it("is the metadata's answer for a topic the cluster does not have (the client's UserError), and nothing else", () => {
+    // What a send to a topic colliding with another by '.' and '_' threw (scratch run, 1.4 s after the send).
+    expect(isUnknownTopic(new UserError('Unknown topic orders_v1.'))).toBe(true);
+    expect(isUnknownTopic(new UserError('Unknown option.'))).toBe(false);
+    expect(isUnknownTopic(failedSend(3))).toBe(true);
+    expect(isUnknownTopic(failedSend(10))).toBe(false);
   });
 });
