@@ -136,7 +136,12 @@ describe('a message to a topic the broker does not have', () => {
       await asB.transaction().execute((t) => outbox.enqueue(t, [{ topic, key: `b${i}`, payload: { i } }]));
     const relay = await relayUntilSent({ instanceId: 'r1' }, (q) => q.where('tenant_id', '=', 'tenant-b'));
     expect(await parkedOn([colliding])).toEqual([
-      { tenant: 'tenant-a', topic: colliding, key: 'a-key', error: expect.stringMatching(/topic-partition|Unknown topic/) },
+      {
+        tenant: 'tenant-a',
+        topic: colliding,
+        key: 'a-key',
+        error: expect.stringMatching(/topic-partition|Unknown topic/),
+      },
     ]);
     expect(relay.stats().parked).toBe(1);
     // Its row waits for an operator (create the topic, or skip it), behind its parked key.
