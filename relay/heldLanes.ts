@@ -36,7 +36,20 @@ export function createHeldLanes(o: {
   stats: RelayStats;
 }): HeldLanes {
   let owned = new Map<number, number>();
-  let lastRenewal = Number.NEGATIVE_INFINITY; // a monotonic clock: a wall clock may step back
+  // When the last renewal was asked for (a monotonic clock: a wall clock may step back). The
+  // lease runs from the database's now() at the query, not from the answer: a relay slow to
+  // get the answer trusted the lease for a third of the TTL past its end (review: it sent a
+  // lost lane's message again after the new owner's).
+  let lastRenewal = Number.NEGATIVE_INFINITY;
+  // One query at a time, each answer applied before the next is asked: a delete's renew()
+  // answered after the loop's rebalance brought back a lane the rebalance had released, under
+  // its old token (review).
+  let queue: Promise<unknown> = Promise.resolve();
+  const serially = <T>(f: () => Promise<T>): Promise<T> => {
+    const next = queue.then(f);
+    queue = next.catch(() => {});
+    return next;
+  };
   const set = (next: Map<number, number>) => {
     owned = next;
     o.stats.lanesOwned = owned.size;
@@ -45,23 +58,30 @@ export function createHeldLanes(o: {
     get owned() {
       return owned;
     },
-    async rebalance() {
-      set(await shareLanes(o.db, o));
-      lastRenewal = performance.now();
-    },
+    rebalance: () =>
+      serially(async () => {
+        const asked = performance.now();
+        set(await shareLanes(o.db, o));
+        lastRenewal = asked;
+      }),
     async keep() {
       if (performance.now() - lastRenewal < o.renewEveryMs) return;
-      try {
-        await touchInstance(o.db, o.instanceId);
+      await serially(async () => {
+        if (performance.now() - lastRenewal < o.renewEveryMs) return; // renewed while waiting
+        const asked = performance.now();
+        try {
+          await touchInstance(o.db, o.instanceId);
+          set(await renewLanes(o.db, o.instanceId, o.ttlMs));
+        } catch (err) {
+          throw new LanesUnknownError(err);
+        }
+        lastRenewal = asked;
+      });
+    },
+    renew: () =>
+      serially(async () => {
         set(await renewLanes(o.db, o.instanceId, o.ttlMs));
-      } catch (err) {
-        throw new LanesUnknownError(err);
-      }
-      lastRenewal = performance.now();
-    },
-    async renew() {
-      set(await renewLanes(o.db, o.instanceId, o.ttlMs));
-    },
+      }),
     drop() {
       set(new Map());
     },

@@ -310,8 +310,9 @@ export function createRelayWithTestHooks(input: RelayOptions, hooks: RelayTestHo
             continue;
           }
           if (performance.now() - lastRebalance >= renewEveryMs) {
+            const asked = performance.now(); // the leases run from the query, not its answer
             await rebalance();
-            lastRebalance = performance.now();
+            lastRebalance = asked;
           }
           // Without lanes nothing waits for the broker here: say so (the metric would alert forever).
           if (lanes.owned.size === 0 && stats.waitingFor === 'kafka') stats.waitingFor = null;
