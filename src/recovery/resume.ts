@@ -267,8 +267,9 @@ async function resumeHolding(taskId: string, o: ResumeOptions, lease: Lease): Pr
             .selectFrom('outbox')
             .select('message_id')
             .where('message_id', 'in', wanted)
-            // Ids are unique per tenant: another tenant's row under the same id is not this one (review).
-            .where(sql<boolean>`coalesce(tenant_id, '') = ${state.tenant_id ?? ''}`)
+            // Ids are unique per tenant: another tenant's row under the same id is not this one
+            // (review). An untagged row is the owner's, and the checkpoint's pending work counts it.
+            .where(sql<boolean>`(coalesce(tenant_id, '') = ${state.tenant_id ?? ''} OR tenant_id IS NULL)`)
             .execute()
         ).map((r) => r.message_id),
   );

@@ -6,6 +6,7 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
+import { createOutbox } from '../../src/outbox/outbox.js';
 import { resume } from '../../src/recovery/resume.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { AGENT } from '../state/fixtures.js';
@@ -59,5 +60,25 @@ describe('resume: the pending messages', () => {
     const plan = await resume('rp-published', resumeOptions({ db: tdb.db, store, checkpoints }));
     // Observed before: 'queued' (the owner's query read every tenant's rows).
     expect(plan.pendingMessages).toEqual([{ messageId: id, state: 'published' }]);
+  });
+
+  it("queued while an untagged row keyed by the task (the owner's, in the checkpoint's pending work) is there", async () => {
+    await seedPlannedTask(store, 'rp-untagged', 'tenant-a');
+    const [untagged] = await tdb.db
+      .transaction()
+      .execute((t) =>
+        createOutbox().enqueue(t, [{ topic: 'cairn.tasks', key: 'rp-untagged', payload: { x: 1 } }]),
+      );
+    const r = await store.update({
+      taskId: 'rp-untagged',
+      expectedVersion: 2,
+      patch: { artifacts: { code_files: ['src/a.ts'] } },
+      actor: AGENT,
+      checkpoint: { reason: 'before deploy' },
+    });
+    if (!r.ok) throw r.error;
+    const plan = await resume('rp-untagged', resumeOptions({ db: tdb.db, store, checkpoints }));
+    // Observed with the tenant's rows only (review): 'published'.
+    expect(plan.pendingMessages).toEqual([{ messageId: untagged, state: 'queued' }]);
   });
 });
