@@ -69,16 +69,20 @@ const leaseLeftMs = async (lane: number) =>
     ).rows[0]!.ms,
   );
 
+/** A relay's lanes, its leases 6 s long and renewed every 2 s. */
+const heldBy = (instanceId: string) =>
+  createHeldLanes({
+    db,
+    instanceId,
+    ttlMs: 6000,
+    renewEveryMs: 2000,
+    log: silentLogger,
+    stats: newRelayStats(),
+  });
+
 describe('the lanes a relay holds', () => {
   it('a renewal answered late is timed from the query: once its lease has run out, the next keep() finds the lanes lost', async () => {
-    const lanes = createHeldLanes({
-      db,
-      instanceId: 'late',
-      ttlMs: 6000,
-      renewEveryMs: 2000,
-      log: silentLogger,
-      stats: newRelayStats(),
-    });
+    const lanes = heldBy('late');
     await lanes.rebalance();
     const lane = [...lanes.owned.keys()][0]!;
     await new Promise((r) => setTimeout(r, 2100)); // a renewal is due by the relay's own clock
@@ -98,14 +102,7 @@ describe('the lanes a relay holds', () => {
   });
 
   it("one query at a time: a delete's renew() waits for the rebalance in flight", async () => {
-    const lanes = createHeldLanes({
-      db,
-      instanceId: 'serial',
-      ttlMs: 6000,
-      renewEveryMs: 2000,
-      log: silentLogger,
-      stats: newRelayStats(),
-    });
+    const lanes = heldBy('serial');
     const before = renewals;
     held = pausePoint();
     const hold = held;
