@@ -53,8 +53,13 @@ function overflowMarker(xid: number): StreamRow {
   };
 }
 
-/** Buffered rows, or payload bytes, past which the connection is paused until the relay has taken half. */
-const HIGH_WATER_ROWS = 50_000;
+/**
+ * Buffered rows, or payload bytes, past which the connection is paused until the relay has
+ * taken half. Four 2,500-row batches: rows waiting here are live objects each young-generation
+ * collection copies (50,000 made the drain's GC 4.1 µs per message against 3.6, median of five
+ * alternating drains of 100,000 WAL messages; the server sends faster than a relay publishes).
+ */
+const HIGH_WATER_ROWS = 10_000;
 const HIGH_WATER_BYTES = 64 * 1024 * 1024;
 /**
  * One transaction's rows are held until its commit arrives; past these, they are dropped from

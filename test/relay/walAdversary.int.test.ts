@@ -286,7 +286,7 @@ describe('issue 16: the WAL mode against the adversarial review', () => {
     }
   }, 120_000);
 
-  it("MEMORY: one transaction of 120,000 rows (a tenant's own INSERT ... SELECT) is not buffered whole: the stream holds at most its high-water mark (50,000 rows)", async () => {
+  it("MEMORY: one transaction of 120,000 rows (a tenant's own INSERT ... SELECT) is not buffered whole: the stream holds at most its bounds (20,000 rows of an open transaction, 10,000 committed)", async () => {
     const d = await walDatabase('bigtx');
     const schema = await prepareWal(d.db, { slot: d.slot, publication: 'cairn_outbox' });
     const stream = await startWalStream({
