@@ -159,7 +159,13 @@ async function retrying(c: PublishContext, batch: readonly Ready[]): Promise<voi
   await pRetry(
     async (attempt) => {
       // A retry may come after the lease ran out and the lane's new owner sent on (review).
-      if (attempt > 1) await stillHeld(c, batch).catch((err: Error) => Promise.reject(new AbortError(err)));
+      if (attempt > 1) {
+        try {
+          await stillHeld(c, batch);
+        } catch (err) {
+          throw new AbortError(err as Error); // no retry: the lane is its new owner's
+        }
+      }
       try {
         await c.publisher.publish(batch.map((b) => b.message));
       } catch (err) {

@@ -12,7 +12,10 @@ export interface ClaimedRow {
   task_seq: number | null;
   topic: string;
   key: string;
-  /** As stored: only the caller's headers, and not to be trusted (see src/outbox/wire.ts). */
+  /**
+   * As stored: only the caller's headers, and not to be trusted (see src/outbox/wire.ts). Read
+   * only: most WAL messages share one frozen empty object (relay/wal/walHeader.ts).
+   */
   headers: unknown;
   payload: Buffer;
   /**
