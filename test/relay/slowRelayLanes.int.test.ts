@@ -21,6 +21,7 @@ import type { RelayTestHooks } from '../../relay/types.js';
 import { createKafkaPublisher, kafkaClient, type Publisher } from '../../src/kafka/publisher.js';
 import { laneOf } from '../../src/outbox/lanes.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
+import { waitForLaneExpiry } from '../support/leases.js';
 import { pausePoint } from '../support/pausePoint.js';
 import {
   createTestDatabase,
@@ -75,12 +76,7 @@ const enqueue = (topic: string, key: string, n: number, bytes = 10) =>
         (await outbox.enqueue(t, [{ topic, key, payload: Buffer.from(`${n}:`.padEnd(bytes, 'x')) }]))[0]!,
     );
 
-const laneExpired = (key: string) =>
-  waitFor(`the lane of ${key} to expire`, async () => {
-    const { rows } = await sql<{ expired: boolean }>`
-      SELECT expires_at <= now() AS expired FROM relay_lane WHERE lane = ${laneOf(key)}`.execute(tdb.db);
-    return rows[0]?.expired === true;
-  });
+const laneExpired = (key: string) => waitForLaneExpiry(tdb.db, key);
 
 /** r2 takes m's lane only, then sends m1 and m2 (m2 enqueued once m1 is gone); m2's id. */
 async function anotherRelaySendsM(topic: string, instanceId: string): Promise<string> {

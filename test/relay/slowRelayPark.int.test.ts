@@ -15,6 +15,7 @@ import { createKafkaPublisher, kafkaClient } from '../../src/kafka/publisher.js'
 import { laneOf } from '../../src/outbox/lanes.js';
 import { skipMessage } from '../../src/outbox/operator.js';
 import { createOutbox } from '../../src/outbox/outbox.js';
+import { waitForLaneExpiry } from '../support/leases.js';
 import { pausePoint } from '../support/pausePoint.js';
 import { createTestDatabase, kafkaBrokers, type TestDatabase, uniqueTopic } from '../support/testDatabase.js';
 import { readTopic, waitFor } from '../support/topicReader.js';
@@ -72,12 +73,7 @@ const stopAll = async () => {
 const publisher = () => createKafkaPublisher({ brokers: kafkaBrokers() });
 
 /** Waits until the lease of `key`'s lane has run out by the database clock. */
-const laneExpired = (key = 'k') =>
-  waitFor(`the lane of ${key} to expire by the database clock`, async () => {
-    const { rows } = await sql<{ expired: boolean }>`
-      SELECT expires_at <= now() AS expired FROM relay_lane WHERE lane = ${laneOf(key)}`.execute(tdb.db);
-    return rows[0]?.expired === true;
-  });
+const laneExpired = (key = 'k') => waitForLaneExpiry(tdb.db, key);
 
 describe('a relay frozen during poison isolation past its lane lease', () => {
   it('does not park, on waking, a key of a lane it lost at a message the operator skipped', async () => {

@@ -1,5 +1,6 @@
 import { sql } from 'kysely';
 import type { Db } from '../../src/db/database.js';
+import { laneOf } from '../../src/outbox/lanes.js';
 import { waitFor } from './topicReader.js';
 
 /** Waits until the lease of (task, branch) has expired by the database clock. */
@@ -55,4 +56,13 @@ export async function waitForDbClockPast(
     },
     deadlineMs,
   );
+}
+
+/** Waits until the relay lane of `key` has expired by the database clock. */
+export function waitForLaneExpiry(db: Db, key: string): Promise<void> {
+  return waitFor(`the lane of ${key} to expire by the database clock`, async () => {
+    const { rows } = await sql<{ expired: boolean }>`
+      SELECT expires_at <= now() AS expired FROM relay_lane WHERE lane = ${laneOf(key)}`.execute(db);
+    return rows[0]?.expired === true;
+  });
 }
