@@ -158,6 +158,29 @@ describe('readHeader', () => {
     );
   });
 
+  it('invalid UTF-8 beside the quotes: the same text as JSON.parse makes of the whole header', () => {
+    for (const bad of [0x80, 0xbf, 0xc0, 0xc3, 0xe2, 0xed, 0xf0, 0xf4, 0xff]) {
+      const text = pgText({ m: 'id', t: 'T', i: null, v: 1, s: null, p: 'orders', k: 'K', h: {}, c: null });
+      const bytes = Buffer.from(text);
+      for (const at of [text.indexOf('"T"') + 1, text.indexOf('"K"') + 1]) {
+        const edited = Buffer.from(bytes);
+        edited[at] = bad;
+        const { b, start, end } = framed(edited);
+        const h = readHeader(b, start, end);
+        expect(h).toBeDefined();
+        expect(h).toEqual(JSON.parse(b.toString('utf8', start, end)));
+      }
+    }
+  });
+
+  it('a buffer written over after it was read: the next topic is read from the new bytes', () => {
+    const f: Fields = { m: 'a', t: null, i: null, v: null, s: null, p: 'orders', k: 'k', h: {}, c: null };
+    const { b, start, end } = framed(pgText(f));
+    expect(readHeader(b, start, end)?.p).toBe('orders');
+    b.write('orderz', b.indexOf('orders'), 'latin1'); // pg-protocol reuses its read buffer
+    expect(readHeader(b, start, end)?.p).toBe('orderz');
+  });
+
   it('reuses the last topic string only for the same bytes', () => {
     const f: Fields = { m: 'a', t: null, i: null, v: null, s: null, p: 'orders', k: 'k', h: {}, c: null };
     const one = framed(pgText(f));
