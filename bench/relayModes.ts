@@ -27,8 +27,9 @@ import { commitToAck } from './commitToAck.js';
 import { type CpuPerMsg, type CpuSpent, cpuDuring, cpuLine, cpuPerMsg, cpuSources } from './cpu.js';
 import { insertRows, outboxCount, rows } from './outboxRows.js';
 import { type RawPublisherRun, rawPublisher } from './rawPublisher.js';
+import { type DrainRun, drainBacklog } from './relayDrain.js';
 import type { BenchEnv } from './support.js';
-import { flag } from './support.js';
+import { flag, median, medianOf } from './support.js';
 
 type Mode = 'poll' | 'wal' | 'walmsg';
 const MODES: readonly Mode[] = ['poll', 'wal', 'walmsg'];
@@ -36,11 +37,13 @@ const MODE_NAMES: Record<Mode, string> = { poll: 'polling', wal: 'WAL (rows)', w
 
 interface ModeResult {
   drain_msgs_per_s: number;
-  drain_ratio_to_raw_publisher?: number;
+  /** The median of each drain's rate over the rate of the Publisher run right after it. */
+  drain_ratio_to_raw_publisher: number;
   /** The drain from the relay's first acknowledged batch to its last (its start-up left out). */
   drain_after_first_ack_msgs_per_s: number;
   /** That, against the Publisher's run after its own first ack: neither's start-up counts. */
-  drain_after_first_ack_ratio?: number;
+  drain_after_first_ack_ratio: number;
+  pairs: Array<{ drain_msgs_per_s: number; raw_publisher_msgs_per_s: number }>;
   burst_msgs_per_s: number;
   streamed: number;
   p50_ms_at_1k: number;
@@ -96,6 +99,7 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
   }
   const n = flag(args, 'messages', quick ? 20_000 : 100_000);
   const steadySeconds = flag(args, 'seconds', quick ? 5 : 15);
+  const pairCount = flag(args, 'pairs', quick ? 1 : 3);
   const stack = await resolveStack((l) => console.error(`[cairn stack] ${l}`));
   const brokers = stack.kafkaBrokers.split(',');
   const root = mkdtempSync(join(tmpdir(), 'cairn-bench-wal-'));
@@ -105,6 +109,7 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
   const topics: string[] = [];
   const results: Record<string, ModeResult> = {};
   const restartPoint: Record<string, string> = {};
+  const rawRuns: Record<string, RawPublisherRun[]> = {};
   try {
     for (const client of clients)
       for (const mode of modes) {
@@ -166,34 +171,40 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
         await relay.stop();
         await running;
 
-        // A backlog committed while no relay runs (the slot kept what follows its position),
-        // then drained by a relay started on it.
-        for (const b of Array.from({ length: batches.length }, () => rows(1000, 1000, topic)))
-          await insertRows(db, b, walMessages);
-        const drainer = createRelay({
-          ...relayOptions,
-          db,
-          publisher: createKafkaPublisher({ brokers, client }),
-        });
-        let drainRun: Promise<void> | undefined;
-        // The first ack and the last, read every millisecond (the relay's start-up, connecting to
-        // Postgres and the broker and taking the lanes, is before the first).
-        const acks = { start: 0, first: 0, firstCount: 0, last: 0 };
-        const drain = await cpuDuring(cpuSrc, async () => {
-          acks.start = performance.now();
-          drainRun = drainer.run();
-          for (;;) {
-            const published = drainer.stats().published;
-            if (published > 0 && acks.first === 0)
-              Object.assign(acks, { first: performance.now(), firstCount: published });
-            if (published >= n) break;
-            await new Promise((r) => setTimeout(r, 1));
-          }
-          acks.last = performance.now();
-          while ((await outboxCount(db)) > 0) await new Promise((r) => setTimeout(r, 20));
-        });
-        await drainer.stop();
-        await drainRun;
+        // A backlog drained by a relay started on it, then the same messages through this
+        // client's own Publisher with no Postgres, `pairs` times in turn: each drain is compared
+        // with the Publisher run beside it (a few seconds apart), so the machine's drift between
+        // them, which moved a Publisher's run by a third, falls out of the ratio.
+        const rawTopic = `bench.modes.raw.${mode}.${client}.${Date.now()}`;
+        topics.push(rawTopic);
+        await createTopicsAndWait(admin, [{ topic: rawTopic, numPartitions: 6 }]);
+        const pairs: Array<{ drain: DrainRun; raw: RawPublisherRun }> = [];
+        for (let p = 0; p < pairCount; p++) {
+          const d = await drainBacklog({
+            db,
+            topic,
+            n,
+            walMessages,
+            relay: relayOptions,
+            brokers,
+            client,
+            cpu: cpuSrc,
+            // The next drain's relay must not decode this one's WAL again (advanceRestartPoint).
+            ...(mode !== 'poll' && { beforeStop: () => advanceRestartPoint(server, name) }),
+          });
+          const r = await rawPublisher({
+            brokers,
+            client,
+            topic: rawTopic,
+            n,
+            batch: 2500,
+            cpu: cpuSrc,
+            runs: 1,
+          });
+          pairs.push({ drain: d, raw: r });
+        }
+        const drain = medianOf(pairs, (x) => x.drain.seconds).drain;
+        rawRuns[client] = [...(rawRuns[client] ?? []), ...pairs.map((x) => x.raw)];
 
         const steady = (rate: number) =>
           commitToAck({
@@ -226,11 +237,15 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
               ? `; ${streamed} taken from the stream; the slot's restart point ${restartPoint[combo]}`
               : ''),
         );
-        const afterFirstAck = (n - acks.firstCount) / ((acks.last - acks.first) / 1000);
-        console.log(
-          `drain of a ${n} backlog: ${(n / drain.seconds).toFixed(0)} msgs/s (after its first ack ${afterFirstAck.toFixed(0)}/s, ` +
-            `the first ${acks.firstCount} acked ${((acks.first - acks.start) / 1000).toFixed(2)} s in); ${cpuLine(cpu.drain!)}`,
-        );
+        for (const [k, { drain: d, raw: r }] of pairs.entries()) {
+          console.log(
+            `drain ${k + 1} of a ${n} backlog: ${(n / d.seconds).toFixed(0)} msgs/s (after its first ack ${d.afterFirstAck.toFixed(0)}/s, ` +
+              `the first ${d.firstCount} acked ${d.firstAckS.toFixed(2)} s in); then the Publisher ${r.msgs_per_s}/s ` +
+              `(${r.after_first_ack_msgs_per_s}/s after its first ack): x ${(n / d.seconds / r.msgs_per_s).toFixed(2)} ` +
+              `(${(d.afterFirstAck / r.after_first_ack_msgs_per_s).toFixed(2)})`,
+          );
+        }
+        console.log(`  the median drain: ${cpuLine(cpu.drain!)}`);
         console.log(`  inserts + relay   ${cpuLine(cpu.burst_inserts_and_relay!)}`);
         console.log(`  inserts alone     ${cpuLine(cpu.inserts_alone!)}`);
         console.log(`  relay alone       ${cpuLine(cpu.burst_relay_alone!)}`);
@@ -244,7 +259,16 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
         }
         results[combo] = {
           drain_msgs_per_s: Math.round(n / drain.seconds),
-          drain_after_first_ack_msgs_per_s: Math.round(afterFirstAck),
+          drain_after_first_ack_msgs_per_s: Math.round(drain.afterFirstAck),
+          // Each drain against the Publisher run beside it: the median of those ratios.
+          drain_ratio_to_raw_publisher: median(pairs.map((x) => n / x.drain.seconds / x.raw.msgs_per_s)),
+          drain_after_first_ack_ratio: median(
+            pairs.map((x) => x.drain.afterFirstAck / x.raw.after_first_ack_msgs_per_s),
+          ),
+          pairs: pairs.map((x) => ({
+            drain_msgs_per_s: Math.round(n / x.drain.seconds),
+            raw_publisher_msgs_per_s: x.raw.msgs_per_s,
+          })),
           burst_msgs_per_s: Math.round(n / burst.seconds),
           streamed,
           p50_ms_at_1k: Number(at1k.p50.toFixed(2)),
@@ -254,27 +278,14 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
           cpu_by_phase: cpu,
         };
       }
-    // Each client's own Publisher with no Postgres, the same messages in the relay's batches:
-    // what a drain is compared with (target: >= 0.8 of it).
     const raw: Record<string, RawPublisherRun> = {};
-    const quiet = createDb({ connectionString: server.url('postgres'), max: 1 });
-    const rawSrc = await cpuSources({
-      stack,
-      db: quiet,
-      url: server.url('postgres'),
-      close: () => quiet.destroy(),
-    });
-    for (const client of clients) {
-      const topic = `bench.modes.raw.${client}.${Date.now()}`;
-      topics.push(topic);
-      await createTopicsAndWait(admin, [{ topic, numPartitions: 6 }]);
-      raw[client] = await rawPublisher({ brokers, client, topic, n, batch: 2500, cpu: rawSrc });
+    for (const [client, runs] of Object.entries(rawRuns)) {
+      const mid = medianOf(runs, (r) => r.msgs_per_s);
+      raw[client] = { ...mid, runs: runs.map((r) => r.msgs_per_s) };
       console.log(
-        `raw ${client} Publisher, no Postgres: ${raw[client]!.msgs_per_s} msgs/s (median of ${raw[client]!.runs.join(', ')}; ` +
-          `after its first ack ${raw[client]!.after_first_ack_msgs_per_s}/s); ${cpuLine(raw[client]!.cpu)}`,
+        `raw ${client} Publisher, no Postgres: ${mid.msgs_per_s} msgs/s (median of ${raw[client]!.runs.join(', ')}); ${cpuLine(mid.cpu)}`,
       );
     }
-    await quiet.destroy();
     console.log(
       '\nmode/client            drain msgs/s (x raw)  after 1st ack (x raw)  drain CPU µs/msg (Node, PG, broker)  relay alone in a burst  p50/p99 ms at 1k  at 5k',
     );
@@ -283,11 +294,6 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
         const p = c.cpu_us_per_msg_by_process;
         return `${c.cpu_us_per_msg} (${p.node}, ${p.postgres}, ${p.broker})`;
       };
-      const client = combo.split('/')[1]!;
-      r.drain_ratio_to_raw_publisher = Number((r.drain_msgs_per_s / raw[client]!.msgs_per_s).toFixed(3));
-      r.drain_after_first_ack_ratio = Number(
-        (r.drain_after_first_ack_msgs_per_s / raw[client]!.after_first_ack_msgs_per_s).toFixed(3),
-      );
       console.log(
         `${combo.padEnd(22)} ${`${r.drain_msgs_per_s} (${r.drain_ratio_to_raw_publisher})`.padEnd(21)} ` +
           `${`${r.drain_after_first_ack_msgs_per_s} (${r.drain_after_first_ack_ratio})`.padEnd(22)} ` +

@@ -77,3 +77,11 @@ export function clientsFlag(args: string[]): KafkaClientName[] {
   }
   return names as KafkaClientName[];
 }
+
+/** The middle item by `key` (the upper one of an even count). */
+export function medianOf<T>(items: readonly T[], key: (t: T) => number): T {
+  return [...items].sort((a, b) => key(a) - key(b))[Math.floor(items.length / 2)]!;
+}
+
+/** The median of numbers, to three decimals. */
+export const median = (xs: readonly number[]): number => Number(medianOf(xs, (x) => x).toFixed(3));

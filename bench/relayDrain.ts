@@ -1,0 +1,69 @@
+import { createRelay, type RelayOptions } from '../relay/relay.js';
+import type { Db } from '../src/db/database.js';
+import type { KafkaClientName } from '../src/kafka/clientChoice.js';
+import { createKafkaPublisher } from '../src/kafka/publisher.js';
+import { type CpuSources, type CpuSpent, cpuDuring } from './cpu.js';
+import { insertRows, outboxCount, rows } from './outboxRows.js';
+
+export interface DrainRun {
+  seconds: number;
+  cpu: CpuSpent;
+  /** Messages per second from the relay's first acknowledged batch to its last (its start-up left out). */
+  afterFirstAck: number;
+  /** How many the first ack covered, and when it came (seconds after the relay was started). */
+  firstCount: number;
+  firstAckS: number;
+}
+
+/**
+ * A backlog of `n` messages of 200 B committed while no relay runs (the slot, in the WAL
+ * modes, kept what follows its position), then drained by a relay started on it: the whole
+ * run timed, and again from the first ack to the last.
+ */
+export async function drainBacklog(o: {
+  db: Db;
+  topic: string;
+  n: number;
+  walMessages: boolean;
+  relay: Partial<RelayOptions>;
+  brokers: string[];
+  client: KafkaClientName;
+  cpu: CpuSources;
+  /** Run after the drain, the relay still running (the WAL modes move the slot's restart point past it). */
+  beforeStop?: () => Promise<unknown>;
+}): Promise<DrainRun> {
+  for (let i = 0; i < Math.ceil(o.n / 1000); i++)
+    await insertRows(o.db, rows(1000, 1000, o.topic), o.walMessages);
+  const drainer = createRelay({
+    ...o.relay,
+    db: o.db,
+    publisher: createKafkaPublisher({ brokers: o.brokers, client: o.client }),
+  });
+  let running: Promise<void> | undefined;
+  // The first ack and the last, read every millisecond (the relay's start-up, connecting to
+  // Postgres and the broker and taking the lanes, is before the first).
+  const acks = { start: 0, first: 0, firstCount: 0, last: 0 };
+  const drain = await cpuDuring(o.cpu, async () => {
+    acks.start = performance.now();
+    running = drainer.run();
+    for (;;) {
+      const published = drainer.stats().published;
+      if (published > 0 && acks.first === 0)
+        Object.assign(acks, { first: performance.now(), firstCount: published });
+      if (published >= o.n) break;
+      await new Promise((r) => setTimeout(r, 1));
+    }
+    acks.last = performance.now();
+    while ((await outboxCount(o.db)) > 0) await new Promise((r) => setTimeout(r, 20));
+  });
+  await o.beforeStop?.();
+  await drainer.stop();
+  await running;
+  return {
+    seconds: drain.seconds,
+    cpu: drain.cpu,
+    afterFirstAck: (o.n - acks.firstCount) / ((acks.last - acks.first) / 1000),
+    firstCount: acks.firstCount,
+    firstAckS: (acks.first - acks.start) / 1000,
+  };
+}
