@@ -1,23 +1,14 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { NO_HEADERS, readHeader } from '../../relay/wal/walHeader.js';
+import { type MessageHeader, NO_HEADERS, readHeader } from '../../relay/wal/walHeader.js';
 
 // The WAL message header read byte by byte (relay/wal/walHeader.ts) must mean what JSON.parse
 // makes of the same bytes, or step aside for it: a header read wrong is a message published
 // under another id, key or tenant. The text is json_build_object's, as migration 0019's
 // trigger writes it (test/relay/walHeader.int.test.ts checks against Postgres' own).
 
-interface Fields {
-  m: string;
-  t: string | null;
-  i: string | null;
-  v: number | null;
-  s: number | null;
-  p: string;
-  k: string;
-  h: Record<string, string>;
-  c: number | null;
-}
+/** A header's fields, the writer's headers as a plain object (jsonb's text is written for them). */
+type Fields = MessageHeader & { h: Record<string, string> };
 
 /** What Postgres writes: `"name" : value`, joined by `, `; jsonb's own text for h. */
 function pgText(f: Fields): string {
