@@ -17,13 +17,12 @@ import { consumptionMark } from '../src/state/changelog.js';
 import { chunkSizer } from './chunkSize.js';
 import { deadLetterer } from './deadLetterMessage.js';
 import { type DependencyWait, dependencyWait, dependencyWaiter } from './dependencyWait.js';
-import { DEFAULT_HANDLER_TIMEOUT_MS, handlerDeadline } from './handlerDeadline.js';
 import { type BatchHeartbeat, batchHeartbeat } from './heartbeat.js';
 import { InboxConsumerOptionsSchema } from './options.js';
 import { applyTracing } from './processSpan.js';
 import { claimVersion } from './sql/claimVersion.js';
 import { inboxKey, insertInboxRows, replayedLetter } from './sql/insertInboxRows.js';
-import { schedulePruning } from './sql/pruneInbox.js';
+import { pruneInbox } from './sql/pruneInbox.js';
 
 export { type InboxMessage, toInboxMessage } from './inboxMessage.js';
 export type {
@@ -100,7 +99,7 @@ export function createInboxConsumerWithTestHooks(
     commits: 0,
     offsetCommitFailures: 0,
   };
-  let pruning: { stop(): void } | undefined;
+  let pruneTimer: NodeJS.Timeout | undefined;
   let waitingForDb = false;
   const stopWaiting = new AbortController();
   const dependencies = dependencyWaiter({
@@ -124,7 +123,6 @@ export function createInboxConsumerWithTestHooks(
 
   /** Applies the new messages of a chunk in one transaction; returns counts to add once it committed. */
   async function applyChunk(trx: Trx, chunk: readonly InboxMessage[], heartbeat?: BatchHeartbeat) {
-    const deadline = handlerDeadline(trx, options.handlerTimeoutMs ?? DEFAULT_HANDLER_TIMEOUT_MS, heartbeat);
     const counts = { applied: 0, duplicates: 0, stale: 0 };
     const latencies: number[] = [];
     for (const m of chunk)
@@ -160,11 +158,12 @@ export function createInboxConsumerWithTestHooks(
         }
         mark.applying(consumedAs(groupId, m));
         let seconds: number | undefined;
-        const call = () => deadline.run(m.messageId, () => handler(deadline.trx, m));
         if (traced.bare(m)) {
-          await call();
+          await handler(trx, m);
           seconds = traced.observe(m);
-        } else seconds = await traced.run(m, call);
+        } else {
+          seconds = await traced.run(m, () => handler(trx, m));
+        }
         const stamped = mark.finish();
         if (stamped) await stamped;
         if (seconds !== undefined) latencies.push(seconds);
@@ -259,7 +258,7 @@ export function createInboxConsumerWithTestHooks(
   async function applyAlone(m: InboxMessage, run: BatchRun): Promise<boolean> {
     for (let attempt = 1; ; attempt++) {
       try {
-        committed(await db.transaction().execute((trx) => applyChunk(trx, [m], run.heartbeat)), run);
+        committed(await db.transaction().execute((trx) => applyChunk(trx, [m])), run);
         return true;
       } catch (err) {
         const down = await outage(err, run);
@@ -360,20 +359,30 @@ export function createInboxConsumerWithTestHooks(
     }
   }
 
+  function schedulePrune(): void {
+    const every = options.pruneEveryMs ?? 3600_000;
+    pruneTimer = setTimeout(async () => {
+      try {
+        // Its own group's rows only: another group's dedupe window is its consumers' retention.
+        const removed = await pruneInbox(db, { olderThanMs: options.retentionMs ?? SEVEN_DAYS_MS, groupId });
+        if (removed > 0) log.info({ removed }, 'pruned inbox rows');
+      } catch (err) {
+        log.warn({ err: messageOf(err) }, 'inbox prune failed');
+      }
+      schedulePrune();
+    }, every);
+    pruneTimer.unref();
+  }
+
   const consumer: InboxConsumer = {
     async run() {
       if ((await databaseAnswers()) === 'stopped') return;
-      pruning ??= schedulePruning(db, {
-        groupId,
-        olderThanMs: options.retentionMs ?? SEVEN_DAYS_MS,
-        everyMs: options.pruneEveryMs ?? 3600_000,
-        log,
-      });
+      schedulePrune();
       await options.subscriber.run(onBatch);
     },
     async stop() {
       stopWaiting.abort();
-      pruning?.stop();
+      clearTimeout(pruneTimer);
       await options.subscriber.stop();
       await deadLetters.disconnect();
     },

@@ -60,18 +60,6 @@ export interface InboxConsumerOptions<Tables extends AppTables = NoTables> {
   retryBaseMs?: number;
   /** Longest wait between two attempts of one message. Default 5 s. */
   retryMaxMs?: number;
-  /**
-   * Longest a handler may take with one message (default 5 minutes, Kafka's own bound between
-   * two polls). Past it the message's transaction is rolled back, every query the handler
-   * still makes with it is refused (a `HandlerTimeoutError`, code `handler_timeout`), and the
-   * message is tried again, then dead-lettered, as any failure; each statement of the
-   * transaction is bounded by it too (`statement_timeout`, never raised above the
-   * connection's). A handler that never returns held its partition and the inbox rows it
-   * locked for good, the partition's next owner blocked on them. The call itself cannot be
-   * stopped: an effect it makes outside the transaction later is yours to make once (tool
-   * receipts). While a handler runs, the consumer keeps its place in the group (heartbeats).
-   */
-  handlerTimeoutMs?: number;
   /** Refuse a message whose task version is not newer than the newest applied for its key. */
   refuseStaleVersions?: boolean;
   /** This group's inbox rows older than this are pruned; must exceed the topics' retention. Default 7 days. */

@@ -14,7 +14,6 @@ export {
   type Subscriber,
 } from '../src/kafka/subscriber.js';
 export { type DeadLetter, listDeadLetters, replayDeadLetter } from './deadLetters.js';
-export { HandlerTimeoutError } from './handlerDeadline.js';
 export {
   type AppTables,
   createInboxConsumer,

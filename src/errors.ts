@@ -46,8 +46,6 @@ export const CairnErrorCodes = {
   AnnotationConflict: 'annotation_conflict',
   /** An effect's call was cut off after its request left: it may have done its work ({@link OutcomeUnknownError}). */
   OutcomeUnknown: 'outcome_unknown',
-  /** An inbox handler that did not finish within `handlerTimeoutMs`: rolled back, tried again (retriable). */
-  HandlerTimeout: 'handler_timeout',
   /** A data key, key-encryption key or signing key that is not there (shredded, or not configured). */
   KeyMissing: 'key_missing',
   /**
