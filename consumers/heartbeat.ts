@@ -44,3 +44,22 @@ export function batchHeartbeat(batch: ReceivedBatch, log: Logger, everyMs = 1000
     failed: () => failed,
   };
 }
+
+/**
+ * Runs a handler's call, offering the batch's heartbeat every 500 ms meanwhile: a handler
+ * slower than the group's session timeout kept its partition only until the coordinator
+ * dropped the member (kafkajs heartbeats only when asked); its offset commit then failed and
+ * the batch came again as duplicates. (@platformatic/kafka and librdkafka heartbeat by themselves.)
+ */
+export async function beatingWhile<T>(
+  heartbeat: BatchHeartbeat | undefined,
+  call: () => Promise<T>,
+): Promise<T> {
+  if (!heartbeat) return call();
+  const timer = setInterval(() => heartbeat.beat(), 500);
+  try {
+    return await call();
+  } finally {
+    clearInterval(timer);
+  }
+}

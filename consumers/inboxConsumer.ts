@@ -17,12 +17,12 @@ import { consumptionMark } from '../src/state/changelog.js';
 import { chunkSizer } from './chunkSize.js';
 import { deadLetterer } from './deadLetterMessage.js';
 import { type DependencyWait, dependencyWait, dependencyWaiter } from './dependencyWait.js';
-import { type BatchHeartbeat, batchHeartbeat } from './heartbeat.js';
+import { type BatchHeartbeat, batchHeartbeat, beatingWhile } from './heartbeat.js';
 import { InboxConsumerOptionsSchema } from './options.js';
 import { applyTracing } from './processSpan.js';
 import { claimVersion } from './sql/claimVersion.js';
 import { inboxKey, insertInboxRows, replayedLetter } from './sql/insertInboxRows.js';
-import { pruneInbox } from './sql/pruneInbox.js';
+import { schedulePruning } from './sql/pruneInbox.js';
 
 export { type InboxMessage, toInboxMessage } from './inboxMessage.js';
 export type {
@@ -99,7 +99,7 @@ export function createInboxConsumerWithTestHooks(
     commits: 0,
     offsetCommitFailures: 0,
   };
-  let pruneTimer: NodeJS.Timeout | undefined;
+  let pruning: { stop(): void } | undefined;
   let waitingForDb = false;
   const stopWaiting = new AbortController();
   const dependencies = dependencyWaiter({
@@ -158,12 +158,11 @@ export function createInboxConsumerWithTestHooks(
         }
         mark.applying(consumedAs(groupId, m));
         let seconds: number | undefined;
+        const call = () => beatingWhile(heartbeat, () => handler(trx, m));
         if (traced.bare(m)) {
-          await handler(trx, m);
+          await call();
           seconds = traced.observe(m);
-        } else {
-          seconds = await traced.run(m, () => handler(trx, m));
-        }
+        } else seconds = await traced.run(m, call);
         const stamped = mark.finish();
         if (stamped) await stamped;
         if (seconds !== undefined) latencies.push(seconds);
@@ -258,7 +257,7 @@ export function createInboxConsumerWithTestHooks(
   async function applyAlone(m: InboxMessage, run: BatchRun): Promise<boolean> {
     for (let attempt = 1; ; attempt++) {
       try {
-        committed(await db.transaction().execute((trx) => applyChunk(trx, [m])), run);
+        committed(await db.transaction().execute((trx) => applyChunk(trx, [m], run.heartbeat)), run);
         return true;
       } catch (err) {
         const down = await outage(err, run);
@@ -359,30 +358,20 @@ export function createInboxConsumerWithTestHooks(
     }
   }
 
-  function schedulePrune(): void {
-    const every = options.pruneEveryMs ?? 3600_000;
-    pruneTimer = setTimeout(async () => {
-      try {
-        // Its own group's rows only: another group's dedupe window is its consumers' retention.
-        const removed = await pruneInbox(db, { olderThanMs: options.retentionMs ?? SEVEN_DAYS_MS, groupId });
-        if (removed > 0) log.info({ removed }, 'pruned inbox rows');
-      } catch (err) {
-        log.warn({ err: messageOf(err) }, 'inbox prune failed');
-      }
-      schedulePrune();
-    }, every);
-    pruneTimer.unref();
-  }
-
   const consumer: InboxConsumer = {
     async run() {
       if ((await databaseAnswers()) === 'stopped') return;
-      schedulePrune();
+      pruning ??= schedulePruning(db, {
+        groupId,
+        olderThanMs: options.retentionMs ?? SEVEN_DAYS_MS,
+        everyMs: options.pruneEveryMs ?? 3600_000,
+        log,
+      });
       await options.subscriber.run(onBatch);
     },
     async stop() {
       stopWaiting.abort();
-      clearTimeout(pruneTimer);
+      pruning?.stop();
       await options.subscriber.stop();
       await deadLetters.disconnect();
     },

@@ -1,5 +1,7 @@
 import { sql } from 'kysely';
 import type { Db } from '../../src/db/database.js';
+import { messageOf } from '../../src/errors.js';
+import type { Logger } from '../../src/logger.js';
 
 /**
  * Deletes inbox rows older than the retention window in batches (short transactions, so a
@@ -37,4 +39,30 @@ export async function pruneInbox(
     if (n === 0) break;
   }
   return total;
+}
+
+/**
+ * A consumer's own pruning: its group's rows older than `olderThanMs`, every `everyMs` (the
+ * timer does not keep the process alive); stop() ends it.
+ */
+export function schedulePruning(
+  db: Db,
+  o: { groupId: string; olderThanMs: number; everyMs: number; log: Logger },
+): { stop(): void } {
+  let timer: NodeJS.Timeout | undefined;
+  const next = () => {
+    timer = setTimeout(async () => {
+      try {
+        // Its own group's rows only: another group's dedupe window is its consumers' retention.
+        const removed = await pruneInbox(db, { olderThanMs: o.olderThanMs, groupId: o.groupId });
+        if (removed > 0) o.log.info({ removed }, 'pruned inbox rows');
+      } catch (err) {
+        o.log.warn({ err: messageOf(err) }, 'inbox prune failed');
+      }
+      next();
+    }, o.everyMs);
+    timer.unref();
+  };
+  next();
+  return { stop: () => clearTimeout(timer) };
 }
