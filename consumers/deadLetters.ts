@@ -136,6 +136,18 @@ async function replayLocked(
         },
       ]);
     }
+    // A key kept with U+FFFD for what it held (a NUL byte, which Postgres does not store; bytes
+    // that are not UTF-8, which the client decoded so) is not the key the message came with: a
+    // copy under it would go to another partition, after the messages of its own key.
+    if (dl.key?.includes('\uFFFD')) {
+      throw new ValidationError('replay', [
+        {
+          path: 'key',
+          message: `message ${a.messageId}'s key was not stored as it came (a NUL byte or bytes that are not UTF-8, kept as U+FFFD): a copy would go under another key, to another partition; it is not replayed, nothing was sent (send it again from its producer)`,
+          value: dl.key.slice(0, 200),
+        },
+      ]);
+    }
     const tenant = sql<boolean>`coalesce(tenant_id, '') = ${dl.tenant_id ?? ''}`;
     const inbox = await trx
       .selectFrom('inbox')
