@@ -8,73 +8,24 @@ import { migrateToLatest } from '../../src/db/migrate.js';
 import { createKafkaAdmin, type KafkaAdmin } from '../../src/kafka/admin.js';
 import { createTopicsAndWait } from '../../src/kafka/kafkajsAdmin.js';
 import { kafkaClient } from '../../src/kafka/publisher.js';
-import { createLeaseManager } from '../../src/leases/leases.js';
-import { createReceiptStore } from '../../src/receipts/receipts.js';
-import { checkAfterFailover, type FailoverReport, quarantine } from '../../src/recovery/failover.js';
-import { resume } from '../../src/recovery/resume.js';
+import { checkAfterFailover, quarantine } from '../../src/recovery/failover.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { isTerminal } from '../../src/state/transitions.js';
 import { createDemoTask } from '../demo/tasks.js';
-import { type Check, verifyDemo } from '../demo/verify.js';
-import { ROLES, type Role, topicOf, WORKFLOW_DEFINITION } from '../demo/workflow.js';
+import { verifyDemo } from '../demo/verify.js';
+import { ROLES, type Role, topicOf } from '../demo/workflow.js';
 import { type Sink, startSink } from '../lib/effectSink.js';
 import { type Child, sigkill, sigterm, spawnTs } from '../lib/spawnTs.js';
 import { cutOffRegionA } from './asyncLoss.js';
-import { installChangelogGap, rebuiltTasksDone, replayIntoRegionB, runKeyRing } from './changelogReplay.js';
-import { heldTasksTouched, regionATruth, snapshot, startWitness } from './evidence.js';
+import { installChangelogGap, replayIntoRegionB, runKeyRing } from './changelogReplay.js';
+import { regionATruth, snapshot, startWitness } from './evidence.js';
 import { lagMirror, MIRROR_PREFIX, mirrorTruth, startRegionB } from './perRegion.js';
 import { type PgServer, requireSynchronous, startPrimary, startStandby } from './pgCluster.js';
 import type { RegionKafka } from './regionKafka.js';
+import type { FailoverOptions, FailoverResult } from './scenarioTypes.js';
+import { effectChecks, resumeOpenTasks } from './takeover.js';
 
-export interface FailoverOptions {
-  mode: 'sync' | 'async';
-  tasks: number;
-  workMs: number;
-  kafkaBrokers: string;
-  /** shared: both regions use `kafkaBrokers`; per-region: B has its own, mirrored (perRegion.ts). */
-  kafka?: 'shared' | 'per-region';
-  timeoutS: number;
-  log: (line: string) => void;
-  /** async: region A drops one changelog record of a witness task after the cut (changelogReplay.ts). */
-  changelogGap?: boolean;
-  /**
-   * Called after the check, before region B starts: the promoted database's URL, the topics and
-   * groups as checked (mirrored names with per-region), and the brokers region B reads.
-   */
-  afterCheck?: (
-    databaseUrl: string,
-    topics: string[],
-    groups: Array<{ groupId: string; topics: string[] }>,
-    brokers: string,
-  ) => Promise<void>;
-}
-
-export interface FailoverResult {
-  mode: 'sync' | 'async';
-  tasks: number;
-  /** Open tasks region B could resume (neither terminal nor held) after the check. */
-  resumable: number;
-  /** Kill of region A to the first transition an agent committed in region B; null when nothing was resumable. */
-  rtoMs: number | null;
-  promoteMs: number;
-  /** Promotion to the end of the check, the changelog replay included. */
-  checkMs: number;
-  resumeMs: number;
-  report: FailoverReport;
-  /** The changelog replay into region B, before the check: what it rebuilt, what it could not, how long it took. */
-  changelog: { rebuilt: string[]; incomplete: string[]; refused: number; replayMs: number };
-  /** Tasks quarantined in region B: the check's diverged tasks and the replay's incomplete ones. */
-  held: string[];
-  /** Witness writes acknowledged by region A, and how many of them region B lacks. */
-  witness: { acked: number; lost: number; lostAfterReplay: number };
-  /** From region A's own data folder, restarted after the test: tasks whose version B lacked. */
-  truth: { tasksBehind: string[]; falselyFlagged: string[]; digestMismatched: string[] };
-  resumed: number;
-  /** per-region: messages region A's broker has that the mirror lacked at the failover. */
-  unmirrored: number | null;
-  checks: Check[];
-  violations: number;
-}
+export type { FailoverOptions, FailoverResult };
 
 const ROLE_NAMES = Object.keys(ROLES) as Role[];
 const waitUntil = async (what: string, check: () => Promise<boolean>, deadlineMs: number) => {
@@ -306,32 +257,7 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
 
     // --- region B takes over: its processes, then every task resumed from its checkpoint ----
     startRegion(b.url('cairn'), 'b');
-    const checkpointsB = createCheckpointer({ db: dbB, keyRing: signing.ring });
-    const storeB = createTaskStore({ db: dbB, checkpointer: checkpointsB });
-    const leasesB = createLeaseManager({ db: dbB });
-    const receiptsB = createReceiptStore({ db: dbB, checkpointer: checkpointsB, worker: 'failover-resumer' });
-    let resumed = 0;
-    for (const t of await dbB.selectFrom('task_state').select(['task_id', 'status']).execute()) {
-      if (isTerminal(t.status as never) || diverged.has(t.task_id)) continue;
-      const plan = await resume(t.task_id, {
-        db: dbB,
-        store: storeB,
-        checkpoints: checkpointsB,
-        receipts: receiptsB,
-        leases: leasesB,
-        workflowDefinition: WORKFLOW_DEFINITION,
-        policy: async () => ({ version: 'failover', allowed: true, budgetLimitUsd: 5 }),
-        actor: 'spiffe://demo.cairn.local/failover/resumer',
-        agentId: 'failover-resumer',
-        leaseTtlMs: 5000,
-        // A tester frozen by the async cut (or killed) inside its deploy left the receipt
-        // started; gated, the task would wait for a human. The deploy API applies a key once,
-        // as the tester's own runOnce declares: it runs it again with the same key.
-        idempotentTools: ['deployer'],
-      });
-      if (plan.lease) await leasesB.release(plan.lease);
-      if (plan.outcome === 'resumed') resumed++;
-    }
+    const resumed = await resumeOpenTasks(dbB, signing.ring, diverged);
     const resumedAt = Date.now();
 
     let rtoMs: number | null = null;
@@ -391,41 +317,13 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     const checks = await verifyDemo(dbB, sink, healthy.length, {
       only: (id) => id.startsWith('demo-') && !diverged.has(id),
     });
-    let doubled = 0;
-    for (const keys of sink.keysByOperation.values()) {
-      if (keys.size > 1 || [...keys].some((k) => (sink!.applied.get(k) ?? 0) > 1)) doubled++;
-    }
-    checks.push({
-      name: 'no effect twice, held tasks included (sink)',
-      expected: '0',
-      actual: String(doubled),
-      violations: doubled,
-    });
-    // Held tasks stay exactly as they were held: no transition, no new effect in region B.
-    const touched = await heldTasksTouched(dbB, [...diverged]);
-    checks.push({
-      name: 'held tasks untouched in region B',
-      expected: `${diverged.size} untouched`,
-      actual: `${touched.length} changed`,
-      violations: touched.length,
-    });
-    checks.push(await rebuiltTasksDone(dbB, sink, replay.report.rebuilt));
-    if (o.mode === 'sync') {
-      const lost =
-        report.lostTransitions.length + report.lostConsumptions.length + report.missingReceipts.length;
-      checks.push({
-        name: 'RPO 0: acknowledged witness writes lost',
-        expected: '0',
-        actual: String(witnessLost),
-        violations: witnessLost,
-      });
-      checks.push({
-        name: 'RPO 0: transitions the world saw, lost',
-        expected: '0',
-        actual: String(lost),
-        violations: lost,
-      });
-    }
+    checks.push(
+      ...(await effectChecks(dbB, sink, {
+        held: diverged,
+        rebuilt: replay.report.rebuilt,
+        rpoZero: o.mode === 'sync' ? { report, witnessLost } : undefined,
+      })),
+    );
 
     // --- the truth, from region A's own data folder (and broker) ---------------------------------
     const truth = await regionATruth(root, atPromotion, report, o.log, {
