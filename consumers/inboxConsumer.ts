@@ -17,6 +17,7 @@ import { consumptionMark } from '../src/state/changelog.js';
 import { chunkSizer } from './chunkSize.js';
 import { deadLetterer } from './deadLetterMessage.js';
 import { type DependencyWait, dependencyWait, dependencyWaiter } from './dependencyWait.js';
+import { boundedTransactions, DEFAULT_HANDLER_TIMEOUT_MS } from './handlerDeadline.js';
 import { type BatchHeartbeat, batchHeartbeat, beatingWhile } from './heartbeat.js';
 import { InboxConsumerOptionsSchema } from './options.js';
 import { applyTracing } from './processSpan.js';
@@ -90,6 +91,12 @@ export function createInboxConsumerWithTestHooks(
   const maxAttempts = options.maxAttempts ?? 5;
   const retryBaseMs = options.retryBaseMs ?? 100;
   const retryMaxMs = options.retryMaxMs ?? 5000;
+  const inTransaction = boundedTransactions(
+    db,
+    options.handlerTimeoutMs ?? DEFAULT_HANDLER_TIMEOUT_MS,
+    log,
+    hooks,
+  );
   const stats: InboxStats = {
     applied: 0,
     duplicates: 0,
@@ -257,7 +264,7 @@ export function createInboxConsumerWithTestHooks(
   async function applyAlone(m: InboxMessage, run: BatchRun): Promise<boolean> {
     for (let attempt = 1; ; attempt++) {
       try {
-        committed(await db.transaction().execute((trx) => applyChunk(trx, [m], run.heartbeat)), run);
+        committed(await inTransaction((trx) => applyChunk(trx, [m], run.heartbeat)), run);
         return true;
       } catch (err) {
         const down = await outage(err, run);
@@ -313,7 +320,7 @@ export function createInboxConsumerWithTestHooks(
       let done = chunk.length;
       try {
         const started = performance.now();
-        const r = await db.transaction().execute((trx) => applyChunk(trx, chunk, heartbeat));
+        const r = await inTransaction((trx) => applyChunk(trx, chunk, heartbeat));
         committed(r, run);
         // Paced by handled messages: growing on a chunk of duplicates ran past the session.
         if (r.counts.applied > 0) chunks.took(r.counts.applied, performance.now() - started);

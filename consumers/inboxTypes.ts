@@ -5,6 +5,7 @@ import type { Publisher } from '../src/kafka/publisher.js';
 import type { Subscriber } from '../src/kafka/subscriber.js';
 import type { Logger } from '../src/logger.js';
 import type { Dependency } from '../src/startup/untilReachable.js';
+import type { DeadlineHooks } from './handlerDeadline.js';
 import type { InboxMessage } from './inboxMessage.js';
 
 /** The inbox consumer's public types (createInboxConsumer is in inboxConsumer.ts). */
@@ -60,6 +61,15 @@ export interface InboxConsumerOptions<Tables extends AppTables = NoTables> {
   retryBaseMs?: number;
   /** Longest wait between two attempts of one message. Default 5 s. */
   retryMaxMs?: number;
+  /**
+   * The longest a transaction of handlers may run (a chunk of messages, or one alone). Past
+   * it, the transaction's own Postgres session is ended, so nothing of it commits and nothing
+   * the handler sends through `trx` later lands anywhere; the message is tried again (an
+   * attempt) and dead-lettered after `maxAttempts`. Default 5 minutes. What the handler does
+   * outside the database after that still happens (JavaScript cannot be stopped): effects on
+   * other services belong behind tool receipts. consumers/handlerDeadline.ts.
+   */
+  handlerTimeoutMs?: number;
   /** Refuse a message whose task version is not newer than the newest applied for its key. */
   refuseStaleVersions?: boolean;
   /** This group's inbox rows older than this are pruned; must exceed the topics' retention. Default 7 days. */
@@ -88,7 +98,7 @@ export interface InboxCommitCounts {
  * A named point where a crash test kills the consumer. Internal: no entry point exports it;
  * tests reach it through `createInboxConsumerWithTestHooks`.
  */
-export interface InboxTestHooks {
+export interface InboxTestHooks extends DeadlineHooks {
   /** After each database commit, before the offset commit; `commits` counts them from 1. */
   afterDbCommit?(commits: number): void;
 }

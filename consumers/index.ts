@@ -14,6 +14,7 @@ export {
   type Subscriber,
 } from '../src/kafka/subscriber.js';
 export { type DeadLetter, listDeadLetters, replayDeadLetter } from './deadLetters.js';
+export { HandlerTimeoutError } from './handlerDeadline.js';
 export {
   type AppTables,
   createInboxConsumer,

@@ -22,6 +22,7 @@ export const InboxConsumerOptionsSchema = optionsSchema<InboxConsumerOptions>()(
     maxAttempts: opt.count().optional(),
     retryBaseMs: opt.ms().optional(),
     retryMaxMs: opt.ms().optional(),
+    handlerTimeoutMs: opt.ms().optional(),
     refuseStaleVersions: z.boolean().optional(),
     retentionMs: opt.ms().optional(),
     pruneEveryMs: opt.ms().optional(),

@@ -82,6 +82,8 @@ export const CairnErrorCodes = {
   CheckpointInvalid: 'checkpoint_invalid',
   /** The `cairn` command line was given an unknown command or bad arguments (exit 2). */
   Usage: 'usage',
+  /** An inbox handler's transaction ran past `handlerTimeoutMs`: its session was ended, nothing of it committed (retriable). */
+  HandlerTimeout: 'handler_timeout',
 } as const;
 
 /** One of {@link CairnErrorCodes}: the stable `code` of a {@link CairnError}. */
