@@ -36,12 +36,18 @@ export interface DeadlineHooks {
  * (pg_terminate_backend, from another connection of the pool) before anything else: a handler
  * still running (a call that never answers, a statement waiting on a lock) can then neither
  * commit nor, through its `trx`, write after the rollback (in autocommit, on a connection the
- * pool had given to someone else). A rollback alone could not promise that: a query the
- * handler sends while it runs would follow it on the same connection.
+ * pool had given to someone else). A rollback alone could not promise that: a statement the
+ * handler sends while it runs would follow it on the same connection. `signal` is aborted at
+ * the deadline: a chunk calls no further handler in the abandoned transaction.
  *
- * When the session cannot be ended (no connection free in the pool to ask with, no right to
- * signal it), the handler is waited for as without a bound, and that is logged: a connection
- * handed back while its handler may still use it would be worse than a partition held.
+ * The session is ended only while the same transaction is open in it (its pid and its start
+ * time, now()): a termination that waited for a connection and runs late ends nothing else.
+ * When the handler settles before the session could be ended (no connection free in the pool:
+ * the handler's own may be the only one), nothing more can come from it: the transaction rolls
+ * back as usual. A session already gone (an idle-in-transaction timeout, Postgres restarting)
+ * fails the transaction with its connection's error, which the consumer tells apart (an
+ * outage is waited for). When the session is alive and cannot be ended (a role that may not
+ * signal it), the handler is waited for, and that is logged.
  *
  * What the handler does outside the database after its deadline (JavaScript cannot be
  * stopped) still happens: effects on other services belong behind tool receipts.
@@ -51,58 +57,80 @@ export function boundedTransactions(
   ms: number,
   log: Logger,
   hooks: DeadlineHooks = {},
-): <T>(work: (trx: Trx) => Promise<T>) => Promise<T> {
-  async function endSession(pid: number, trx: Trx): Promise<boolean> {
-    try {
-      await hooks.beforeTerminate?.(pid);
-      const r = await sql<{ ended: boolean }>`
-        SELECT pg_terminate_backend(${pid}::int, ${TERMINATE_WAIT_MS}::bigint) AS ended`.execute(db);
-      if (r.rows[0]?.ended !== true) return false;
-    } catch (err) {
-      log.error({ err: messageOf(err), pid }, "could not end a handler's session past its deadline");
-      return false;
-    }
-    // The transaction's connection has seen the end: a statement on it fails (it queues behind
-    // any the handler has in flight, which fail with it).
-    return sql`SELECT 1`.execute(trx).then(
-      () => false,
-      () => true,
-    );
+): <T>(work: (trx: Trx, signal: AbortSignal) => Promise<T>) => Promise<T> {
+  /** true: ended; false: no such transaction open any more; an error: could not ask. */
+  async function endSession(pid: number, started: string): Promise<boolean> {
+    await hooks.beforeTerminate?.(pid);
+    const r = await sql<{ ended: boolean }>`
+      SELECT pg_terminate_backend(pid, ${TERMINATE_WAIT_MS}::bigint) AS ended
+        FROM pg_stat_activity WHERE pid = ${pid}::int AND xact_start = ${started}::timestamptz`.execute(db);
+    return r.rows[0]?.ended === true;
   }
+  /** Undefined while the transaction's connection answers; the error once it does not. */
+  const probe = (trx: Trx) =>
+    sql`SELECT 1`.execute(trx).then(
+      () => undefined,
+      (err: unknown) => err ?? new Error('the connection failed'),
+    );
 
   return (work) => {
-    let expired = false;
+    /** Set past the deadline: what the transaction's failure is, whatever its rollback throws. */
+    let outcome: Error | undefined;
     return db
       .transaction()
       .execute(async (trx) => {
-        const pid = (await sql<{ pid: number }>`SELECT pg_backend_pid() AS pid`.execute(trx)).rows[0]!.pid;
-        const running = work(trx);
-        running.catch(() => {}); // settled later or never: its outcome is read below, or not at all
+        const { pid, started } =
+          // The start as text: to the microsecond, as pg_stat_activity has it (a Date keeps milliseconds).
+          (
+            await sql<{
+              pid: number;
+              started: string;
+            }>`SELECT pg_backend_pid() AS pid, now()::text AS started`.execute(trx)
+          ).rows[0]!;
+        const abandon = new AbortController();
+        const running = work(trx, abandon.signal);
+        const settled = running.then(done, done);
         let timer: NodeJS.Timeout | undefined;
         const deadline = new Promise<'deadline'>((resolve) => {
           timer = setTimeout(() => resolve('deadline'), ms);
         });
         try {
-          const first = await Promise.race([running.then(done, done), deadline]);
-          if (first !== 'deadline') return await running;
+          if ((await Promise.race([settled, deadline])) !== 'deadline') return await running;
         } finally {
           clearTimeout(timer);
         }
-        // Past the deadline, even if the handler finished a moment ago: its transaction never
-        // commits, and its session is ended before the connection is given back.
-        if (await endSession(pid, trx)) {
-          expired = true;
-          throw new HandlerTimeoutError(ms);
+        // Past the deadline, even if the handler finished a moment ago: its transaction never commits.
+        abandon.abort();
+        outcome = new HandlerTimeoutError(ms);
+        const ending = endSession(pid, started).then(
+          (ended): { ended: boolean; err?: unknown } => ({ ended }),
+          (err: unknown) => ({ ended: false, err }),
+        );
+        const first = await Promise.race([ending, settled]);
+        if (first === 'done') {
+          // It can send nothing more: a rollback will do. A termination already under way is
+          // let finish first (it must not reach the session once the pool gave it to another).
+          await Promise.race([ending, new Promise((r) => setTimeout(r, TERMINATE_WAIT_MS).unref())]);
+          throw outcome;
+        }
+        const lost = await probe(trx);
+        if (first.ended && lost) throw outcome;
+        if (lost) {
+          // Gone by itself (an idle-in-transaction timeout, Postgres restarting): its own error,
+          // which the consumer tells apart (an outage is waited for, no attempt spent).
+          outcome = lost as Error;
+          throw outcome;
         }
         log.error(
-          { pid, handler_timeout_ms: ms },
+          { pid, handler_timeout_ms: ms, err: first.err === undefined ? undefined : messageOf(first.err) },
           "a handler's transaction is past its deadline and its session could not be ended: waiting for it",
         );
-        return await running;
+        await running.catch(() => {});
+        throw outcome;
       })
       .catch((err: unknown) => {
         // The rollback on an ended session fails too, and kysely throws its error instead.
-        throw expired && !(err instanceof HandlerTimeoutError) ? new HandlerTimeoutError(ms, err) : err;
+        throw outcome ?? err;
       });
   };
 }

@@ -54,12 +54,17 @@ export function batchHeartbeat(batch: ReceivedBatch, log: Logger, everyMs = 1000
 export async function beatingWhile<T>(
   heartbeat: BatchHeartbeat | undefined,
   call: () => Promise<T>,
+  /** Aborted when the call is abandoned (its deadline passed): the beats stop, whether it ever returns or not. */
+  abandoned?: AbortSignal,
 ): Promise<T> {
   if (!heartbeat) return call();
   const timer = setInterval(() => heartbeat.beat(), 500);
+  const stop = () => clearInterval(timer);
+  abandoned?.addEventListener('abort', stop, { once: true });
   try {
     return await call();
   } finally {
-    clearInterval(timer);
+    stop();
+    abandoned?.removeEventListener('abort', stop);
   }
 }

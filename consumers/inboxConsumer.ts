@@ -1,25 +1,18 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import { databaseAddress, pingDatabase, pingWritable } from '../src/db/database.js';
 import type { Trx } from '../src/db/executor.js';
-import {
-  isConfigurationSqlError,
-  isConnectionLoss,
-  isRetriableSqlError,
-  SqlState,
-  sqlState,
-} from '../src/db/sqlstate.js';
-import { CairnError, mayRetry, messageOf, UnavailableError } from '../src/errors.js';
+import { isRetriableSqlError } from '../src/db/sqlstate.js';
+import { mayRetry, messageOf } from '../src/errors.js';
 import type { ReceivedBatch } from '../src/kafka/subscriber.js';
 import { silentLogger } from '../src/logger.js';
 import { parseOptions } from '../src/options.js';
-import { untilReachable } from '../src/startup/untilReachable.js';
 import { consumptionMark } from '../src/state/changelog.js';
 import { chunkSizer } from './chunkSize.js';
 import { deadLetterer } from './deadLetterMessage.js';
-import { type DependencyWait, dependencyWait, dependencyWaiter } from './dependencyWait.js';
-import { boundedTransactions, DEFAULT_HANDLER_TIMEOUT_MS } from './handlerDeadline.js';
+import { dependencyWait, dependencyWaiter } from './dependencyWait.js';
+import { boundedTransactions, DEFAULT_HANDLER_TIMEOUT_MS, HandlerTimeoutError } from './handlerDeadline.js';
 import { type BatchHeartbeat, batchHeartbeat, beatingWhile } from './heartbeat.js';
 import { InboxConsumerOptionsSchema } from './options.js';
+import { type BatchRun, outageJudge } from './outage.js';
 import { applyTracing } from './processSpan.js';
 import { claimVersion } from './sql/claimVersion.js';
 import { inboxKey, insertInboxRows, replayedLetter } from './sql/insertInboxRows.js';
@@ -58,14 +51,6 @@ import type {
 } from './inboxTypes.js';
 
 const SEVEN_DAYS_MS = 7 * 24 * 3600 * 1000;
-
-/** One onBatch call: what the messages of a batch share while it is applied. */
-interface BatchRun {
-  isActive(): boolean;
-  heartbeat: BatchHeartbeat;
-  /** Its wait for a dependency other than Postgres, ended only by its own commits. */
-  wait: DependencyWait;
-}
 
 /**
  * Makes an inbox consumer; nothing connects until run(). Call stop() to end it. Name your
@@ -107,7 +92,6 @@ export function createInboxConsumerWithTestHooks(
     offsetCommitFailures: 0,
   };
   let pruning: { stop(): void } | undefined;
-  let waitingForDb = false;
   const stopWaiting = new AbortController();
   const dependencies = dependencyWaiter({
     log,
@@ -118,6 +102,13 @@ export function createInboxConsumerWithTestHooks(
     applied: () => stats.applied,
   });
   const traced = applyTracing(groupId);
+  const { databaseAnswers, outage, waitingForDb } = outageJudge({
+    db,
+    log,
+    signal: stopWaiting.signal,
+    dependencyBack: (err, run, refused, answered = refused) =>
+      dependencies.back(err, run.wait, { refused, answered, beat: () => run.heartbeat.beat() }),
+  });
   const deadLetters = deadLetterer({
     db,
     groupId,
@@ -129,7 +120,12 @@ export function createInboxConsumerWithTestHooks(
   });
 
   /** Applies the new messages of a chunk in one transaction; returns counts to add once it committed. */
-  async function applyChunk(trx: Trx, chunk: readonly InboxMessage[], heartbeat?: BatchHeartbeat) {
+  async function applyChunk(
+    trx: Trx,
+    chunk: readonly InboxMessage[],
+    heartbeat: BatchHeartbeat | undefined,
+    abandoned: AbortSignal,
+  ) {
     const counts = { applied: 0, duplicates: 0, stale: 0 };
     const latencies: number[] = [];
     for (const m of chunk)
@@ -163,9 +159,11 @@ export function createInboxConsumerWithTestHooks(
             continue;
           }
         }
+        // Past its deadline the transaction is abandoned: no further handler runs in it.
+        abandoned.throwIfAborted();
         mark.applying(consumedAs(groupId, m));
         let seconds: number | undefined;
-        const call = () => beatingWhile(heartbeat, () => handler(trx, m));
+        const call = () => beatingWhile(heartbeat, () => handler(trx, m), abandoned);
         if (traced.bare(m)) {
           await call();
           seconds = traced.observe(m);
@@ -203,59 +201,6 @@ export function createInboxConsumerWithTestHooks(
     }
   }
 
-  /** Waits until Postgres answers (waitingFor() says 'postgres' meanwhile); 'stopped' if stop() ended the wait. */
-  function databaseAnswers(ping = () => pingDatabase(db)): Promise<'reached' | 'stopped'> {
-    return untilReachable(ping, {
-      dependency: 'postgres',
-      address: databaseAddress(db),
-      logger: log,
-      isConfigurationError: isConfigurationSqlError,
-      signal: stopWaiting.signal,
-      onWaiting: (w) => {
-        waitingForDb = w;
-      },
-    });
-  }
-
-  /**
-   * After a failure: was it Postgres going away? An outage is never the message's fault: it
-   * spends none of its attempts (a cut of a second spent them all, and the healthy message was
-   * dead-lettered once Postgres answered again). A connection error while the database answers
-   * at once (a handler's own call to another service, a pooled connection that died) is the
-   * message's. 'waited': Postgres was down and answers again; 'stopped': stop() ended the wait.
-   */
-  async function outage(err: unknown, run: BatchRun): Promise<'none' | 'waited' | 'stopped'> {
-    // A data key that does not unwrap under this process's keyring (key_unavailable) is waited
-    // for like a key provider that does not answer: the same bound, the same evidence.
-    if (err instanceof CairnError && (err.code === 'unavailable' || err.code === 'key_unavailable')) {
-      return dependencyBack(err, run, err instanceof UnavailableError && err.refused);
-    }
-    const readOnly = sqlState(err) === SqlState.readOnlyTransaction;
-    if (!isConnectionLoss(err) && !readOnly) return 'none';
-    try {
-      await (readOnly ? pingWritable : pingDatabase)(db);
-      // Read-only a moment ago, writable now (a promotion just finished): not the message's,
-      // waited for with backoff and a bound (a handler writing to another server that stays
-      // read-only must neither spin nor hold the partition for good). Not a refusal given up
-      // early while others are applied (a pooled connection still on the old primary during a
-      // failover is waited for the whole bound); past the bound, the message's.
-      return readOnly ? dependencyBack(err, run, false, true) : 'none';
-    } catch {
-      log.warn({ err: messageOf(err) }, 'postgres went away: waiting for it; no attempt is counted');
-    }
-    // A server that is read-only (a standby being promoted) is waited for until it takes writes.
-    const back = await databaseAnswers(readOnly ? () => pingWritable(db) : undefined);
-    return back === 'reached' ? 'waited' : 'stopped';
-  }
-
-  /**
-   * Another dependency the handler needs is down (a key provider: UnavailableError): waited
-   * for, per batch and bounded (dependencyWait.ts). `refused`: it answered, and said no.
-   */
-  function dependencyBack(err: unknown, run: BatchRun, refused: boolean, answered = refused) {
-    return dependencies.back(err, run.wait, { refused, answered, beat: () => run.heartbeat.beat() });
-  }
-
   /**
    * One message in its own transaction, with retries; dead-lettered when it keeps failing.
    * false when it was neither applied nor dead-lettered (a stop, or the partition lost while
@@ -264,7 +209,10 @@ export function createInboxConsumerWithTestHooks(
   async function applyAlone(m: InboxMessage, run: BatchRun): Promise<boolean> {
     for (let attempt = 1; ; attempt++) {
       try {
-        committed(await inTransaction((trx) => applyChunk(trx, [m], run.heartbeat)), run);
+        committed(
+          await inTransaction((trx, abandoned) => applyChunk(trx, [m], run.heartbeat, abandoned)),
+          run,
+        );
         return true;
       } catch (err) {
         const down = await outage(err, run);
@@ -285,6 +233,7 @@ export function createInboxConsumerWithTestHooks(
           dependencies.gaveUp(run.wait, err);
           return true;
         }
+        if (!run.isActive()) return false; // stopping, or the partition moved: its next owner tries it
         stats.retries++;
         log.warn({ message_id: m.messageId, attempt, err: messageOf(err) }, 'handler failed; retrying');
         // Exponential with full jitter, capped: a message that needs a few seconds (a lease
@@ -318,13 +267,15 @@ export function createInboxConsumerWithTestHooks(
       i += chunk.length;
       /** How many of the chunk, from its first, are applied (or dropped) and committed. */
       let done = chunk.length;
+      const started = performance.now();
       try {
-        const started = performance.now();
-        const r = await inTransaction((trx) => applyChunk(trx, chunk, heartbeat));
+        const r = await inTransaction((trx, abandoned) => applyChunk(trx, chunk, heartbeat, abandoned));
         committed(r, run);
         // Paced by handled messages: growing on a chunk of duplicates ran past the session.
         if (r.counts.applied > 0) chunks.took(r.counts.applied, performance.now() - started);
       } catch (err) {
+        // Past its deadline the chunk was too large for its handlers' pace: the next is smaller.
+        if (err instanceof HandlerTimeoutError) chunks.took(chunk.length, performance.now() - started);
         // Postgres went away: once it answers, the whole chunk again.
         const down = await outage(err, run);
         if (down === 'stopped') return;
@@ -384,7 +335,7 @@ export function createInboxConsumerWithTestHooks(
     },
     stats: () => ({ ...stats }),
     waitingFor: () =>
-      waitingForDb
+      waitingForDb()
         ? 'postgres'
         : options.subscriber.waiting()
           ? 'kafka'

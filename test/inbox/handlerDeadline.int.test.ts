@@ -20,7 +20,8 @@ import {
   createInboxConsumerWithTestHooks,
   type InboxHandler,
 } from '../../consumers/inboxConsumer.js';
-import type { InboxTestHooks } from '../../consumers/inboxTypes.js';
+import type { InboxConsumerOptions, InboxTestHooks } from '../../consumers/inboxTypes.js';
+import { createDb } from '../../src/db/database.js';
 import { ValidationError } from '../../src/errors.js';
 import { createKafkaPublisher } from '../../src/kafka/publisher.js';
 import { createKafkaSubscriber } from '../../src/kafka/subscriber.js';
@@ -52,6 +53,7 @@ async function withConsumer(
     groupId: string,
   ) => Promise<void>,
   hooks: InboxTestHooks = {},
+  extra: Partial<InboxConsumerOptions> = {},
 ): Promise<void> {
   const topic = await createTestTopic('inbox-handler-deadline', 1);
   await produceTo(
@@ -73,6 +75,7 @@ async function withConsumer(
       handlerTimeoutMs: 800,
       maxAttempts: 2,
       retryBaseMs: 10,
+      ...extra,
     },
     hooks,
   );
@@ -224,6 +227,86 @@ describe('an inbox handler past handlerTimeoutMs', () => {
         expect(await effects(31)).toEqual(['attempt 2']);
       },
       hooks,
+    );
+  }, 60_000);
+
+  // Review: a session already gone at the deadline (an idle-in-transaction timeout, a DBA's
+  // kill) made the termination find nothing, and the consumer waited for the handler for good.
+  it('one whose session ended by itself before its deadline ran out is tried again (its connection error, not a wait)', async () => {
+    let calls = 0;
+    const handler: InboxHandler = async (trx, m) => {
+      const attempt = ++calls;
+      if (attempt === 1) await new Promise(() => {}); // never
+      await sql`INSERT INTO effect VALUES (${seqOf(m)}, ${`attempt ${attempt}`})`.execute(trx);
+    };
+    const hooks: InboxTestHooks = {
+      async beforeTerminate(pid) {
+        if (calls === 1) await sql`SELECT pg_terminate_backend(${pid}::int, 5000)`.execute(tdb.db);
+      },
+    };
+    await withConsumer(
+      [41],
+      handler,
+      async (stats) => {
+        await waitFor('applied', () => stats().applied === 1, 30_000);
+        expect(await effects(41)).toEqual(['attempt 2']);
+      },
+      hooks,
+    );
+  }, 60_000);
+
+  // Review: with one connection in the pool (an application's pool), ending the session waited
+  // for a connection the handler's own transaction held: the consumer was stuck for good.
+  it("one on a pool of one connection, finishing late, is rolled back and tried again: the deadline's termination waits for no connection", async () => {
+    const pool = new pg.Pool({ connectionString: tdb.url, max: 1 });
+    const single = createDb({ pool, endPoolOnDestroy: true });
+    let calls = 0;
+    const handler: InboxHandler = async (trx, m) => {
+      const attempt = ++calls;
+      if (attempt === 1) await new Promise((r) => setTimeout(r, 2000)); // past the 800 ms deadline
+      await sql`INSERT INTO effect VALUES (${seqOf(m)}, ${`attempt ${attempt}`})`.execute(trx);
+    };
+    try {
+      await withConsumer(
+        [51],
+        handler,
+        async (stats) => {
+          await waitFor('applied', () => stats().applied === 1, 20_000);
+          expect(await effects(51)).toEqual(['attempt 2']);
+        },
+        {},
+        { db: single },
+      );
+    } finally {
+      await single.destroy();
+    }
+  }, 60_000);
+
+  // Review: once the late handler returned, the abandoned chunk went on calling handlers for
+  // its next messages, which the consumer was applying alone meanwhile (their effects twice).
+  it('an abandoned chunk calls no handler for its later messages', async () => {
+    const called: number[] = [];
+    let slow = true;
+    const handler: InboxHandler = async (trx, m) => {
+      const seq = seqOf(m);
+      called.push(seq);
+      if (seq === 61 && slow) {
+        slow = false;
+        await new Promise((r) => setTimeout(r, 2000)); // past the deadline, then returns
+      }
+      await sql`INSERT INTO effect VALUES (${seq}, 'applied')`.execute(trx).catch(() => {});
+    };
+    await withConsumer(
+      [61, 62],
+      handler,
+      async (stats) => {
+        await waitFor('both applied', () => stats().applied === 2, 30_000);
+        await new Promise((r) => setTimeout(r, 2500)); // past the slow call's return
+        expect(called.filter((s) => s === 62)).toHaveLength(1);
+        expect(await effects(62)).toEqual(['applied']);
+      },
+      {},
+      { chunkSize: 2 },
     );
   }, 60_000);
 
