@@ -31,9 +31,22 @@ export type GroupCommits = Map<
 export async function groupOffsets(
   admin: KafkaAdmin,
   consumers: ReadonlyArray<{ groupId: string; topics: readonly string[] }>,
+  deadlineMs = 60_000,
 ): Promise<GroupCommits> {
   const out: GroupCommits = new Map();
-  for (const c of consumers) out.set(c.groupId, await admin.committedOffsets(c.groupId, c.topics));
+  for (const c of consumers) {
+    // A group's coordinator moving, or still loading its offsets ("not the correct coordinator",
+    // a CI run on a busy machine), is a moment's answer, not the group's: asked again until the
+    // deadline, as the topics' offsets are (readTopicsSnapshot).
+    const committed = await pRetry(() => admin.committedOffsets(c.groupId, c.topics), {
+      retries: Number.POSITIVE_INFINITY,
+      maxRetryTime: deadlineMs,
+      minTimeout: 200,
+      maxTimeout: 3000,
+      shouldRetry: ({ error }) => isRetriableKafkaError(error),
+    });
+    out.set(c.groupId, committed);
+  }
   return out;
 }
 

@@ -1,0 +1,52 @@
+import { describe, expect, it } from 'vitest';
+import type { KafkaAdmin } from '../../src/kafka/admin.js';
+import { groupOffsets } from '../../src/recovery/readTopics.js';
+
+// A fresh-clone CI run (2026-12-03) failed `cairn failover check`'s test on kafkajs's "This is
+// not the correct coordinator for this group" (NOT_COORDINATOR, retriable): the group's
+// coordinator had moved or was loading. An answer of a moment, asked again until the deadline;
+// a refusal for good is thrown at once.
+const refusal = (retriable: boolean) =>
+  Object.assign(
+    new Error(retriable ? 'This is not the correct coordinator for this group' : 'Not authorized'),
+    {
+      name: 'KafkaJSProtocolError',
+      type: retriable ? 'NOT_COORDINATOR' : 'GROUP_AUTHORIZATION_FAILED',
+      retriable,
+    },
+  );
+
+/** An admin whose committedOffsets fails `failures` times with `err` first (only that method is asked). */
+function adminFailing(failures: number, err: Error) {
+  let calls = 0;
+  const admin = {
+    async committedOffsets(_groupId: string, topics: readonly string[]) {
+      calls++;
+      if (calls <= failures) throw err;
+      return topics.map((topic) => ({ topic, partitions: [{ partition: 0, offset: '7' }] }));
+    },
+  } as unknown as KafkaAdmin;
+  return { admin, calls: () => calls };
+}
+
+describe("the failover check's read of committed offsets", () => {
+  it('asks again after a retriable answer (a coordinator moving)', async () => {
+    const a = adminFailing(2, refusal(true));
+    const got = await groupOffsets(a.admin, [{ groupId: 'g', topics: ['t'] }]);
+    expect(a.calls()).toBe(3);
+    expect(got.get('g')).toEqual([{ topic: 't', partitions: [{ partition: 0, offset: '7' }] }]);
+  });
+
+  it('throws a refusal for good at once', async () => {
+    const a = adminFailing(1, refusal(false));
+    await expect(groupOffsets(a.admin, [{ groupId: 'g', topics: ['t'] }])).rejects.toThrow(/Not authorized/);
+    expect(a.calls()).toBe(1);
+  });
+
+  it('gives up at its deadline', async () => {
+    const a = adminFailing(Number.POSITIVE_INFINITY, refusal(true));
+    await expect(groupOffsets(a.admin, [{ groupId: 'g', topics: ['t'] }], 500)).rejects.toThrow(
+      /coordinator/,
+    );
+  });
+});
