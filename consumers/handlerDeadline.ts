@@ -1,6 +1,7 @@
 import { sql } from 'kysely';
 import type { Db } from '../src/db/database.js';
 import type { Trx } from '../src/db/executor.js';
+import { isConnectionLoss } from '../src/db/sqlstate.js';
 import { CairnError, CairnErrorCodes, messageOf } from '../src/errors.js';
 import type { Logger } from '../src/logger.js';
 
@@ -9,6 +10,8 @@ export const DEFAULT_HANDLER_TIMEOUT_MS = 5 * 60_000;
 
 /** How long pg_terminate_backend waits for the handler's session to be gone. */
 const TERMINATE_WAIT_MS = 5_000;
+/** How often a session not ended yet is tried again while its handler runs. */
+const RETRY_MS = 5_000;
 
 /**
  * A handler's transaction ran past its bound: its session was ended, so nothing of it committed
@@ -40,14 +43,15 @@ export interface DeadlineHooks {
  * handler sends while it runs would follow it on the same connection. `signal` is aborted at
  * the deadline: a chunk calls no further handler in the abandoned transaction.
  *
- * The session is ended only while the same transaction is open in it (its pid and its start
- * time, now()): a termination that waited for a connection and runs late ends nothing else.
- * When the handler settles before the session could be ended (no connection free in the pool:
- * the handler's own may be the only one), nothing more can come from it: the transaction rolls
- * back as usual. A session already gone (an idle-in-transaction timeout, Postgres restarting)
- * fails the transaction with its connection's error, which the consumer tells apart (an
- * outage is waited for). When the session is alive and cannot be ended (a role that may not
- * signal it), the handler is waited for, and that is logged.
+ * The session is ended only while the same transaction is open in it (its pid and its start,
+ * in microseconds): a termination that waited for a connection and runs late ends nothing
+ * else. When the handler settles before the session could be ended (no connection free in the
+ * pool: the handler's own may be the only one), nothing more can come from it: the transaction
+ * rolls back as usual. A session already gone (an idle-in-transaction timeout, Postgres
+ * restarting) fails the transaction with its connection's error, which the consumer tells
+ * apart (an outage is waited for). A session that is alive and not ended (no connection free
+ * to ask with, a role that may not signal it) is tried again every 5 s while its handler runs,
+ * and that is logged once.
  *
  * What the handler does outside the database after its deadline (JavaScript cannot be
  * stopped) still happens: effects on other services belong behind tool receipts.
@@ -63,7 +67,10 @@ export function boundedTransactions(
     await hooks.beforeTerminate?.(pid);
     const r = await sql<{ ended: boolean }>`
       SELECT pg_terminate_backend(pid, ${TERMINATE_WAIT_MS}::bigint) AS ended
-        FROM pg_stat_activity WHERE pid = ${pid}::int AND xact_start = ${started}::timestamptz`.execute(db);
+        FROM pg_stat_activity
+       WHERE pid = ${pid}::int AND (extract(epoch FROM xact_start) * 1000000)::bigint = ${started}::bigint`.execute(
+      db,
+    );
     return r.rows[0]?.ended === true;
   }
   /** Undefined while the transaction's connection answers; the error once it does not. */
@@ -79,14 +86,14 @@ export function boundedTransactions(
     return db
       .transaction()
       .execute(async (trx) => {
-        const { pid, started } =
-          // The start as text: to the microsecond, as pg_stat_activity has it (a Date keeps milliseconds).
-          (
-            await sql<{
-              pid: number;
-              started: string;
-            }>`SELECT pg_backend_pid() AS pid, now()::text AS started`.execute(trx)
-          ).rows[0]!;
+        // Its start in microseconds since the epoch: exact whatever the session's DateStyle or
+        // TimeZone (a timestamp's text is not, and a Date keeps milliseconds).
+        const { pid, started } = (
+          await sql<{ pid: number; started: string }>`
+            SELECT pg_backend_pid() AS pid, (extract(epoch FROM now()) * 1000000)::bigint::text AS started`.execute(
+            trx,
+          )
+        ).rows[0]!;
         const abandon = new AbortController();
         const running = work(trx, abandon.signal);
         const settled = running.then(done, done);
@@ -102,31 +109,44 @@ export function boundedTransactions(
         // Past the deadline, even if the handler finished a moment ago: its transaction never commits.
         abandon.abort();
         outcome = new HandlerTimeoutError(ms);
-        const ending = endSession(pid, started).then(
-          (ended): { ended: boolean; err?: unknown } => ({ ended }),
-          (err: unknown) => ({ ended: false, err }),
-        );
-        const first = await Promise.race([ending, settled]);
-        if (first === 'done') {
-          // It can send nothing more: a rollback will do. A termination already under way is
-          // let finish first (it must not reach the session once the pool gave it to another).
-          await Promise.race([ending, new Promise((r) => setTimeout(r, TERMINATE_WAIT_MS).unref())]);
-          throw outcome;
+        let logged = false;
+        const stuck = (err?: unknown) => {
+          if (logged) return;
+          logged = true;
+          log.error(
+            { pid, handler_timeout_ms: ms, err: err === undefined ? undefined : messageOf(err) },
+            "a handler's transaction is past its deadline and its session is not ended yet: trying again every 5 s while it runs",
+          );
+        };
+        // Tried again while the handler runs: the pool may have no connection to ask with now
+        // (its other connections held by hung handlers too), or the role may not signal it.
+        for (;;) {
+          const ending = endSession(pid, started).then(
+            (ended): { ended: boolean; err?: unknown } => ({ ended }),
+            (err: unknown) => ({ ended: false, err }),
+          );
+          let first = await Promise.race([ending, settled, pause(RETRY_MS)]);
+          if (first === 'pause') {
+            stuck(); // waiting for a pool connection to ask with
+            first = await Promise.race([ending, settled]);
+          }
+          if (first === 'done') {
+            // It can send nothing more: a rollback will do. A termination already under way is
+            // let finish first (it must not reach the session once the pool gave it to another).
+            await Promise.race([ending, pause(TERMINATE_WAIT_MS)]);
+            throw outcome;
+          }
+          const lost = await probe(trx);
+          if (lost !== undefined && first.ended) throw outcome;
+          if (lost !== undefined && isConnectionLoss(lost)) {
+            // Gone by itself (an idle-in-transaction timeout, Postgres restarting): its own error,
+            // which the consumer tells apart (an outage is waited for).
+            outcome = lost as Error;
+            throw outcome;
+          }
+          stuck(first.err);
+          if ((await Promise.race([settled, pause(RETRY_MS)])) === 'done') throw outcome;
         }
-        const lost = await probe(trx);
-        if (first.ended && lost) throw outcome;
-        if (lost) {
-          // Gone by itself (an idle-in-transaction timeout, Postgres restarting): its own error,
-          // which the consumer tells apart (an outage is waited for, no attempt spent).
-          outcome = lost as Error;
-          throw outcome;
-        }
-        log.error(
-          { pid, handler_timeout_ms: ms, err: first.err === undefined ? undefined : messageOf(first.err) },
-          "a handler's transaction is past its deadline and its session could not be ended: waiting for it",
-        );
-        await running.catch(() => {});
-        throw outcome;
       })
       .catch((err: unknown) => {
         // The rollback on an ended session fails too, and kysely throws its error instead.
@@ -136,3 +156,9 @@ export function boundedTransactions(
 }
 
 const done = () => 'done' as const;
+
+/** Resolves 'pause' after `ms`, holding no process open. */
+const pause = (ms: number) =>
+  new Promise<'pause'>((resolve) => {
+    setTimeout(() => resolve('pause'), ms).unref();
+  });

@@ -310,6 +310,61 @@ describe('an inbox handler past handlerTimeoutMs', () => {
     );
   }, 60_000);
 
+  // Review: the transaction was named by its start as text, which another session reads back
+  // differently (DateStyle SQL prints a zone abbreviation: IST, read as Israel's); the session
+  // was never ended and the consumer waited for good.
+  it('one on sessions with DateStyle SQL and an Asia/Kolkata TimeZone is ended all the same', async () => {
+    const pool = new pg.Pool({
+      connectionString: tdb.url,
+      max: 4,
+      options: '-c DateStyle=SQL,DMY -c TimeZone=Asia/Kolkata',
+    });
+    const styled = createDb({ pool, endPoolOnDestroy: true });
+    const handler: InboxHandler = async () => {
+      await new Promise(() => {}); // never
+    };
+    try {
+      await withConsumer(
+        [71],
+        handler,
+        async (stats) => {
+          await waitFor('dead-lettered', () => stats().deadLettered === 1, 30_000);
+        },
+        {},
+        { db: styled },
+      );
+    } finally {
+      await styled.destroy();
+    }
+  }, 60_000);
+
+  // Review: the termination was tried once; one that could not run (no pool connection free
+  // to ask with, say) left the handler waited for, for good.
+  it('a termination that fails is tried again while the handler runs', async () => {
+    let refusals = 0;
+    const hooks: InboxTestHooks = {
+      beforeTerminate() {
+        if (refusals++ === 0) throw new Error('no connection to ask with (a hook)');
+      },
+    };
+    let calls = 0;
+    const handler: InboxHandler = async (trx, m) => {
+      const attempt = ++calls;
+      if (attempt === 1) await new Promise(() => {}); // never
+      await sql`INSERT INTO effect VALUES (${seqOf(m)}, ${`attempt ${attempt}`})`.execute(trx);
+    };
+    await withConsumer(
+      [81],
+      handler,
+      async (stats) => {
+        await waitFor('applied', () => stats().applied === 1, 30_000);
+        expect(refusals).toBeGreaterThanOrEqual(2);
+        expect(await effects(81)).toEqual(['attempt 2']);
+      },
+      hooks,
+    );
+  }, 60_000);
+
   it('is a retriable CairnError with its own code; a bad value is refused naming the option', () => {
     const e = new HandlerTimeoutError(800);
     expect(e).toMatchObject({ code: 'handler_timeout', retriable: true });
