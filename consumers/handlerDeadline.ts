@@ -2,7 +2,7 @@ import { sql } from 'kysely';
 import type { Db } from '../src/db/database.js';
 import type { Trx } from '../src/db/executor.js';
 import { isConnectionLoss } from '../src/db/sqlstate.js';
-import { CairnError, CairnErrorCodes, messageOf } from '../src/errors.js';
+import { CairnError, CairnErrorCodes, messageOf, UnavailableError } from '../src/errors.js';
 import type { Logger } from '../src/logger.js';
 
 /** The default bound on a transaction of handlers (a chunk, or one message alone). */
@@ -77,7 +77,7 @@ export function boundedTransactions(
   const probe = (trx: Trx) =>
     sql`SELECT 1`.execute(trx).then(
       () => undefined,
-      (err: unknown) => err ?? new Error('the connection failed'),
+      (err: unknown) => err ?? new UnavailableError("the handler's transaction's connection failed"),
     );
 
   return (work) => {
