@@ -118,6 +118,7 @@ export function boundedTransactions(
             "a handler's transaction is past its deadline and its session is not ended yet: trying again every 5 s while it runs",
           );
         };
+        let probing: Promise<unknown> | undefined;
         // Tried again while the handler runs: the pool may have no connection to ask with now
         // (its other connections held by hung handlers too), or the role may not signal it.
         for (;;) {
@@ -136,7 +137,17 @@ export function boundedTransactions(
             await Promise.race([ending, pause(TERMINATE_WAIT_MS)]);
             throw outcome;
           }
-          const lost = await probe(trx);
+          // One check of the connection at a time, waited for no longer than a retry's pause:
+          // it queues behind the handler's statement, which may be waiting on a lock.
+          probing ??= probe(trx);
+          const answer = await Promise.race([probing, settled, pause(RETRY_MS)]);
+          if (answer === 'done') throw outcome;
+          if (answer === 'pause') {
+            stuck(first.err);
+            continue;
+          }
+          probing = undefined;
+          const lost = answer;
           if (lost !== undefined && first.ended) throw outcome;
           if (lost !== undefined && isConnectionLoss(lost)) {
             // Gone by itself (an idle-in-transaction timeout, Postgres restarting): its own error,

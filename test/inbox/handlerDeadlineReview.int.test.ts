@@ -1,0 +1,178 @@
+/**
+ * The handler deadline (consumers/handlerDeadline.ts) against what its reviews found: a session
+ * gone before its deadline, a pool of one connection, an abandoned chunk, sessions of another
+ * DateStyle and TimeZone, a termination that fails (test/inbox/handlerDeadline.int has the
+ * deadline's own cases).
+ */
+import { sql } from 'kysely';
+import pg from 'pg';
+import { describe, expect, it } from 'vitest';
+import type { InboxHandler } from '../../consumers/inboxConsumer.js';
+import type { InboxTestHooks } from '../../consumers/inboxTypes.js';
+import { createDb } from '../../src/db/database.js';
+import { waitFor } from '../support/topicReader.js';
+import { deadlineHarness, hangsOnce, seqOf } from './handlerDeadlineHarness.js';
+
+const h = deadlineHarness('inbox_handler_deadline_review');
+
+describe('an inbox handler past handlerTimeoutMs, after review', () => {
+  // Review: a session already gone at the deadline (an idle-in-transaction timeout, a DBA's
+  // kill) made the termination find nothing, and the consumer waited for the handler for good.
+  it('one whose session ended by itself before its deadline ran out is tried again (its connection error, not a wait)', async () => {
+    const { handler, calls } = hangsOnce();
+    const hooks: InboxTestHooks = {
+      async beforeTerminate(pid) {
+        if (calls() === 1) await sql`SELECT pg_terminate_backend(${pid}::int, 5000)`.execute(h.tdb.db);
+      },
+    };
+    await h.withConsumer(
+      [41],
+      handler,
+      async (stats) => {
+        await waitFor('applied', () => stats().applied === 1, 30_000);
+        expect(await h.effects(41)).toEqual(['attempt 2']);
+      },
+      hooks,
+    );
+  }, 60_000);
+
+  // Review: with one connection in the pool (an application's pool), ending the session waited
+  // for a connection the handler's own transaction held: the consumer was stuck for good.
+  it("one on a pool of one connection, finishing late, is rolled back and tried again: the deadline's termination waits for no connection", async () => {
+    const pool = new pg.Pool({ connectionString: h.tdb.url, max: 1 });
+    const single = createDb({ pool, endPoolOnDestroy: true });
+    let calls = 0;
+    const handler: InboxHandler = async (trx, m) => {
+      const attempt = ++calls;
+      if (attempt === 1) await new Promise((r) => setTimeout(r, 2000)); // past the 800 ms deadline
+      await sql`INSERT INTO effect VALUES (${seqOf(m)}, ${`attempt ${attempt}`})`.execute(trx);
+    };
+    try {
+      await h.withConsumer(
+        [51],
+        handler,
+        async (stats) => {
+          await waitFor('applied', () => stats().applied === 1, 20_000);
+          expect(await h.effects(51)).toEqual(['attempt 2']);
+        },
+        {},
+        { db: single },
+      );
+    } finally {
+      await single.destroy();
+    }
+  }, 60_000);
+
+  // Review: once the late handler returned, the abandoned chunk went on calling handlers for
+  // its next messages, which the consumer was applying alone meanwhile (their effects twice).
+  it('an abandoned chunk calls no handler for its later messages', async () => {
+    const called: number[] = [];
+    let slow = true;
+    const handler: InboxHandler = async (trx, m) => {
+      const seq = seqOf(m);
+      called.push(seq);
+      if (seq === 61 && slow) {
+        slow = false;
+        await new Promise((r) => setTimeout(r, 2000)); // past the deadline, then returns
+      }
+      await sql`INSERT INTO effect VALUES (${seq}, 'applied')`.execute(trx).catch(() => {});
+    };
+    await h.withConsumer(
+      [61, 62],
+      handler,
+      async (stats) => {
+        await waitFor('both applied', () => stats().applied === 2, 30_000);
+        await new Promise((r) => setTimeout(r, 2500)); // past the slow call's return
+        expect(called.filter((s) => s === 62)).toHaveLength(1);
+        expect(await h.effects(62)).toEqual(['applied']);
+      },
+      {},
+      { chunkSize: 2 },
+    );
+  }, 60_000);
+
+  // Review: the transaction was named by its start as text, which another session reads back
+  // differently (DateStyle SQL prints a zone abbreviation: IST, read as Israel's); the session
+  // was never ended and the consumer waited for good.
+  it('one on sessions with DateStyle SQL and an Asia/Kolkata TimeZone is ended all the same', async () => {
+    const pool = new pg.Pool({
+      connectionString: h.tdb.url,
+      max: 4,
+      options: '-c DateStyle=SQL,DMY -c TimeZone=Asia/Kolkata',
+    });
+    const styled = createDb({ pool, endPoolOnDestroy: true });
+    const handler: InboxHandler = async () => {
+      await new Promise(() => {}); // never
+    };
+    try {
+      await h.withConsumer(
+        [71],
+        handler,
+        async (stats) => {
+          await waitFor('dead-lettered', () => stats().deadLettered === 1, 30_000);
+        },
+        {},
+        { db: styled },
+      );
+    } finally {
+      await styled.destroy();
+    }
+  }, 60_000);
+
+  // Review: the termination was tried once; one that could not run (no pool connection free
+  // to ask with, say) left the handler waited for, for good.
+  it('a termination that fails is tried again while the handler runs', async () => {
+    let refusals = 0;
+    const hooks: InboxTestHooks = {
+      beforeTerminate() {
+        if (refusals++ === 0) throw new Error('no connection to ask with (a hook)');
+      },
+    };
+    const { handler } = hangsOnce();
+    await h.withConsumer(
+      [81],
+      handler,
+      async (stats) => {
+        await waitFor('applied', () => stats().applied === 1, 30_000);
+        expect(refusals).toBeGreaterThanOrEqual(2);
+        expect(await h.effects(81)).toEqual(['attempt 2']);
+      },
+      hooks,
+    );
+  }, 60_000);
+
+  // Review: a termination that failed while the handler waited on a lock left the check of its
+  // connection (a `SELECT 1` on the same connection) queued behind that statement: no retry came.
+  it('a termination that fails while the handler waits on a lock is tried again', async () => {
+    const holder = new pg.Client({ connectionString: h.tdb.url });
+    holder.on('error', () => {}); // ended with the database, should the test fail first
+    await holder.connect();
+    await holder.query('SELECT pg_advisory_lock(4242)');
+    let refusals = 0;
+    const hooks: InboxTestHooks = {
+      beforeTerminate() {
+        if (refusals++ === 0) throw new Error('no connection to ask with (a hook)');
+      },
+    };
+    let calls = 0;
+    const handler: InboxHandler = async (trx, m) => {
+      const attempt = ++calls;
+      if (attempt === 1) await sql`SELECT pg_advisory_xact_lock(4242)`.execute(trx); // waits
+      await sql`INSERT INTO effect VALUES (${seqOf(m)}, ${`attempt ${attempt}`})`.execute(trx);
+    };
+    await h.withConsumer(
+      [91],
+      handler,
+      async (stats) => {
+        try {
+          await waitFor('applied', () => stats().applied === 1, 30_000);
+        } finally {
+          await holder.end(); // before the consumer stops: a stuck deadline would hold its stop
+        }
+        expect(refusals).toBeGreaterThanOrEqual(2);
+        expect(await h.effects(91)).toEqual(['attempt 2']);
+      },
+      hooks,
+    );
+  }, 60_000);
+});
