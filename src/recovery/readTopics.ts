@@ -4,7 +4,7 @@
  * at the end of the check to tell whether anything moved while it ran.
  */
 import pRetry from 'p-retry';
-import { UnavailableError } from '../errors.js';
+import { messageOf, UnavailableError } from '../errors.js';
 import type { KafkaAdmin, TopicRecord } from '../kafka/admin.js';
 import { isRetriableKafkaError } from '../kafka/classifyError.js';
 import { HEADER } from '../outbox/wire.js';
@@ -34,20 +34,39 @@ export async function groupOffsets(
   deadlineMs = 60_000,
 ): Promise<GroupCommits> {
   const out: GroupCommits = new Map();
+  const until = Date.now() + deadlineMs; // one deadline for every group
   for (const c of consumers) {
     // A group's coordinator moving, or still loading its offsets ("not the correct coordinator",
-    // a CI run on a busy machine), is a moment's answer, not the group's: asked again until the
-    // deadline, as the topics' offsets are (readTopicsSnapshot).
-    const committed = await pRetry(() => admin.committedOffsets(c.groupId, c.topics), {
+    // a CI run on a busy machine), is a moment's answer, not the group's.
+    const committed = await askUntil(`group ${c.groupId}'s offsets`, until, () =>
+      admin.committedOffsets(c.groupId, c.topics),
+    );
+    out.set(c.groupId, committed);
+  }
+  return out;
+}
+
+/**
+ * Asks again after a retriable answer until `until` (ms since the epoch); anything else is
+ * thrown at once. A broker still not answering then is an outage (UnavailableError: the check
+ * exits 75, having concluded nothing), never a finding.
+ */
+async function askUntil<T>(what: string, until: number, ask: () => Promise<T>): Promise<T> {
+  try {
+    return await pRetry(ask, {
       retries: Number.POSITIVE_INFINITY,
-      maxRetryTime: deadlineMs,
+      maxRetryTime: Math.max(0, until - Date.now()),
       minTimeout: 200,
       maxTimeout: 3000,
       shouldRetry: ({ error }) => isRetriableKafkaError(error),
     });
-    out.set(c.groupId, committed);
+  } catch (err) {
+    if (!isRetriableKafkaError(err)) throw err;
+    throw new UnavailableError(
+      `failover check: the broker gave no answer for ${what} in time: ${messageOf(err)}`,
+      err,
+    );
   }
-  return out;
 }
 
 /** Offsets that differ between two reads of the same groups. */
@@ -122,17 +141,12 @@ export async function endOffsets(
   deadlineMs: number,
 ): Promise<EndOffsets> {
   const ends: EndOffsets = new Map();
+  const until = Date.now() + deadlineMs; // one deadline for every topic
   for (const topic of topics) {
     // Right after a broker restart or a leader election the broker answers "not the leader"
     // or "in the middle of a leadership election" for a while (a minute on a starved
-    // machine): an outage, not an answer. Retried until the deadline; anything else is thrown.
-    const offsets = await pRetry(() => admin.topicOffsets(topic), {
-      retries: Number.POSITIVE_INFINITY,
-      maxRetryTime: deadlineMs,
-      minTimeout: 200,
-      maxTimeout: 3000,
-      shouldRetry: ({ error }) => isRetriableKafkaError(error),
-    });
+    // machine): an outage, not an answer.
+    const offsets = await askUntil(`topic ${topic}'s offsets`, until, () => admin.topicOffsets(topic));
     for (const p of offsets)
       ends.set(`${topic}/${p.partition}`, { low: BigInt(p.low), high: BigInt(p.high) });
   }

@@ -1,6 +1,8 @@
 import { describe, expect, it } from 'vitest';
+import { UnavailableError } from '../../src/errors.js';
+import { ExitCode, exitCodeFor } from '../../src/exitCodes.js';
 import type { KafkaAdmin } from '../../src/kafka/admin.js';
-import { groupOffsets } from '../../src/recovery/readTopics.js';
+import { endOffsets, groupOffsets } from '../../src/recovery/readTopics.js';
 
 // A fresh-clone CI run (2026-12-03) failed `cairn failover check`'s test on kafkajs's "This is
 // not the correct coordinator for this group" (NOT_COORDINATOR, retriable): the group's
@@ -43,10 +45,46 @@ describe("the failover check's read of committed offsets", () => {
     expect(a.calls()).toBe(1);
   });
 
-  it('gives up at its deadline', async () => {
+  it('gives up at its deadline with an outage (exit 75), not a failure', async () => {
     const a = adminFailing(Number.POSITIVE_INFINITY, refusal(true));
-    await expect(groupOffsets(a.admin, [{ groupId: 'g', topics: ['t'] }], 500)).rejects.toThrow(
-      /coordinator/,
-    );
+    const err = await groupOffsets(a.admin, [{ groupId: 'g', topics: ['t'] }], 500).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(UnavailableError);
+    expect(err).toMatchObject({
+      code: 'unavailable',
+      message: expect.stringMatching(/group g.*coordinator/),
+    });
+    expect(exitCodeFor(err)).toBe(ExitCode.unavailable);
+  });
+
+  // Review: the deadline was per group, so each group read late had a whole deadline again.
+  it('has one deadline for all the groups it reads', async () => {
+    let secondCalls = 0;
+    const admin = {
+      async committedOffsets(groupId: string, topics: readonly string[]) {
+        if (groupId === 'slow')
+          await new Promise((r) => setTimeout(r, 300)); // past the deadline
+        else if (++secondCalls === 1) throw refusal(true); // would answer when asked again
+        return topics.map((topic) => ({ topic, partitions: [{ partition: 0, offset: '7' }] }));
+      },
+    } as unknown as KafkaAdmin;
+    const groups = [
+      { groupId: 'slow', topics: ['t'] },
+      { groupId: 'next', topics: ['t'] },
+    ];
+    await expect(groupOffsets(admin, groups, 200)).rejects.toThrow(UnavailableError);
+    expect(secondCalls).toBe(1); // not asked again: the call's deadline had passed
+  });
+});
+
+describe("the failover check's read of end offsets", () => {
+  it('gives up at its deadline with an outage (exit 75)', async () => {
+    const admin = {
+      async topicOffsets() {
+        throw refusal(true);
+      },
+    } as unknown as KafkaAdmin;
+    const err = await endOffsets(admin, ['t1', 't2'], 400).catch((e: unknown) => e);
+    expect(exitCodeFor(err)).toBe(ExitCode.unavailable);
+    expect((err as Error).message).toMatch(/topic t1's offsets/);
   });
 });
