@@ -43,8 +43,8 @@ export interface DeadlineHooks {
  * handler sends while it runs would follow it on the same connection. `signal` is aborted at
  * the deadline: a chunk calls no further handler in the abandoned transaction.
  *
- * The session is ended only while the same transaction is open in it (its pid and its start,
- * in microseconds): a termination that waited for a connection and runs late ends nothing
+ * The session is ended only while the same transaction is open in it (its pid and its
+ * transaction id): a termination that waited for a connection and runs late ends nothing
  * else. When the handler settles before the session could be ended (no connection free in the
  * pool: the handler's own may be the only one), nothing more can come from it: the transaction
  * rolls back as usual. A session already gone (an idle-in-transaction timeout, Postgres
@@ -63,14 +63,12 @@ export function boundedTransactions(
   hooks: DeadlineHooks = {},
 ): <T>(work: (trx: Trx, signal: AbortSignal) => Promise<T>) => Promise<T> {
   /** true: ended; false: no such transaction open any more; an error: could not ask. */
-  async function endSession(pid: number, started: string): Promise<boolean> {
+  async function endSession(pid: number, xid: string): Promise<boolean> {
     await hooks.beforeTerminate?.(pid);
     const r = await sql<{ ended: boolean }>`
       SELECT pg_terminate_backend(pid, ${TERMINATE_WAIT_MS}::bigint) AS ended
         FROM pg_stat_activity
-       WHERE pid = ${pid}::int AND (extract(epoch FROM xact_start) * 1000000)::bigint = ${started}::bigint`.execute(
-      db,
-    );
+       WHERE pid = ${pid}::int AND backend_xid = ${xid}::xid`.execute(db);
     return r.rows[0]?.ended === true;
   }
   /** Undefined while the transaction's connection answers; the error once it does not. */
@@ -86,13 +84,13 @@ export function boundedTransactions(
     return db
       .transaction()
       .execute(async (trx) => {
-        // Its start in microseconds since the epoch: exact whatever the session's DateStyle or
-        // TimeZone (a timestamp's text is not, and a Date keeps milliseconds).
-        const { pid, started } = (
-          await sql<{ pid: number; started: string }>`
-            SELECT pg_backend_pid() AS pid, (extract(epoch FROM now()) * 1000000)::bigint::text AS started`.execute(
-            trx,
-          )
+        // The transaction's id names it, taken now (its inbox rows would take one a moment later).
+        // Not its start time: a timestamp's text reads back as another time under another
+        // DateStyle or TimeZone (review), and pg_stat_activity has no xact_start when
+        // track_activities is off; its backend_xid is there either way.
+        const { pid, xid } = (
+          await sql<{ pid: number; xid: string }>`
+            SELECT pg_backend_pid() AS pid, pg_current_xact_id()::xid::text AS xid`.execute(trx)
         ).rows[0]!;
         const abandon = new AbortController();
         const running = work(trx, abandon.signal);
@@ -122,7 +120,7 @@ export function boundedTransactions(
         // Tried again while the handler runs: the pool may have no connection to ask with now
         // (its other connections held by hung handlers too), or the role may not signal it.
         for (;;) {
-          const ending = endSession(pid, started).then(
+          const ending = endSession(pid, xid).then(
             (ended): { ended: boolean; err?: unknown } => ({ ended }),
             (err: unknown) => ({ ended: false, err }),
           );
