@@ -143,7 +143,7 @@ async function replayLocked(
       throw new ValidationError('replay', [
         {
           path: 'key',
-          message: `message ${a.messageId}'s key was not stored as it came (a NUL byte or bytes that are not UTF-8, kept as U+FFFD): a copy would go under another key, to another partition; it is not replayed, nothing was sent (send it again from its producer)`,
+          message: `message ${a.messageId}'s key holds U+FFFD, which is how a key that was not stored as it came is kept (a NUL byte, bytes that are not UTF-8): a copy may go under another key, to another partition; it is not replayed, nothing was sent (send it again from its producer)`,
           value: dl.key.slice(0, 200),
         },
       ]);
