@@ -135,6 +135,9 @@ export function boundedTransactions(
             await Promise.race([ending, pause(TERMINATE_WAIT_MS)]);
             throw outcome;
           }
+          // Ended (its process gone): nothing to ask its connection. Not after a check either: one
+          // queued behind a statement may answer from before the end (review).
+          if (first.ended) throw outcome;
           // One check of the connection at a time, waited for no longer than a retry's pause:
           // it queues behind the handler's statement, which may be waiting on a lock.
           probing ??= probe(trx);
@@ -146,7 +149,6 @@ export function boundedTransactions(
           }
           probing = undefined;
           const lost = answer;
-          if (lost !== undefined && first.ended) throw outcome;
           if (lost !== undefined && isConnectionLoss(lost)) {
             // Gone by itself (an idle-in-transaction timeout, Postgres restarting): its own error,
             // which the consumer tells apart (an outage is waited for).

@@ -6,7 +6,7 @@
 import pRetry from 'p-retry';
 import { messageOf, UnavailableError } from '../errors.js';
 import type { KafkaAdmin, TopicRecord } from '../kafka/admin.js';
-import { isRetriableKafkaError } from '../kafka/classifyError.js';
+import { isBrokerUnreachable, isRetriableKafkaError, someInChain } from '../kafka/classifyError.js';
 import { HEADER } from '../outbox/wire.js';
 
 /**
@@ -38,7 +38,7 @@ export async function groupOffsets(
   for (const c of consumers) {
     // A group's coordinator moving, or still loading its offsets ("not the correct coordinator",
     // a CI run on a busy machine), is a moment's answer, not the group's.
-    const committed = await askUntil(`group ${c.groupId}'s offsets`, until, () =>
+    const committed = await askUntil(`group ${c.groupId}'s offsets`, until, deadlineMs / 10, () =>
       admin.committedOffsets(c.groupId, c.topics),
     );
     out.set(c.groupId, committed);
@@ -47,27 +47,35 @@ export async function groupOffsets(
 }
 
 /**
- * Asks again after a retriable answer until `until` (ms since the epoch); anything else is
- * thrown at once. A broker still not answering then is an outage (UnavailableError: the check
- * exits 75, having concluded nothing), never a finding.
+ * Asks again after a retriable answer until `until` (ms since the epoch), and for at least a
+ * tenth of the call's deadline (`floorMs`): a read that comes late in a long check still
+ * outlasts a moment's answer ("not the leader"). Anything else is thrown at once. A broker still
+ * not answering then is an outage (UnavailableError: the check exits 75, having concluded
+ * nothing), never a finding: also when the client's own retries ran out first (kafkajs throws
+ * KafkaJSNumberOfRetriesExceeded, not retriable itself, around the retriable cause).
  */
-async function askUntil<T>(what: string, until: number, ask: () => Promise<T>): Promise<T> {
+async function askUntil<T>(what: string, until: number, floorMs: number, ask: () => Promise<T>): Promise<T> {
   try {
     return await pRetry(ask, {
       retries: Number.POSITIVE_INFINITY,
-      maxRetryTime: Math.max(0, until - Date.now()),
+      maxRetryTime: Math.max(floorMs, until - Date.now()),
       minTimeout: 200,
       maxTimeout: 3000,
-      shouldRetry: ({ error }) => isRetriableKafkaError(error),
+      shouldRetry: ({ error }) => transient(error),
     });
   } catch (err) {
-    if (!isRetriableKafkaError(err)) throw err;
+    if (!transient(err)) throw err;
     throw new UnavailableError(
       `failover check: the broker gave no answer for ${what} in time: ${messageOf(err)}`,
       err,
     );
   }
 }
+
+const transient = (err: unknown) =>
+  isRetriableKafkaError(err) ||
+  isBrokerUnreachable(err) ||
+  someInChain(err, (e) => (e as { retriable?: unknown }).retriable === true);
 
 /** Offsets that differ between two reads of the same groups. */
 export function movedCommits(before: GroupCommits, after: GroupCommits): MovedPartition[] {
@@ -146,7 +154,9 @@ export async function endOffsets(
     // Right after a broker restart or a leader election the broker answers "not the leader"
     // or "in the middle of a leadership election" for a while (a minute on a starved
     // machine): an outage, not an answer.
-    const offsets = await askUntil(`topic ${topic}'s offsets`, until, () => admin.topicOffsets(topic));
+    const offsets = await askUntil(`topic ${topic}'s offsets`, until, deadlineMs / 10, () =>
+      admin.topicOffsets(topic),
+    );
     for (const p of offsets)
       ends.set(`${topic}/${p.partition}`, { low: BigInt(p.low), high: BigInt(p.high) });
   }

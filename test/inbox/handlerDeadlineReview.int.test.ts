@@ -6,6 +6,7 @@
  */
 import { sql } from 'kysely';
 import pg from 'pg';
+import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import type { InboxHandler } from '../../consumers/inboxConsumer.js';
 import type { InboxTestHooks } from '../../consumers/inboxTypes.js';
@@ -96,12 +97,17 @@ describe('an inbox handler past handlerTimeoutMs, after review', () => {
   // was never ended and the consumer waited for good.
   // Review: with track_activities off (a setting some sites turn off for its cost),
   // pg_stat_activity has no xact_start, by which the transaction was named: never ended.
-  it.each([
+  it.for([
     ['DateStyle SQL and an Asia/Kolkata TimeZone', '-c DateStyle=SQL,DMY -c TimeZone=Asia/Kolkata'],
     ['track_activities off', '-c track_activities=off'],
-  ])(
+  ] as const)(
     'one on sessions with %s is ended all the same',
-    async (_, options) => {
+    { timeout: 60_000 },
+    async ([, options], { skip }) => {
+      const { rows } = await sql<{ su: boolean }>`
+        SELECT rolsuper AS su FROM pg_roles WHERE rolname = current_user`.execute(h.tdb.db);
+      // Only a superuser may turn track_activities off for its session.
+      if (options.includes('track_activities') && !rows[0]?.su) skip('needs a superuser DATABASE_URL');
       const pool = new pg.Pool({ connectionString: h.tdb.url, max: 4, options });
       const styled = createDb({ pool, endPoolOnDestroy: true });
       const handler: InboxHandler = async () => {
@@ -121,7 +127,6 @@ describe('an inbox handler past handlerTimeoutMs, after review', () => {
         await styled.destroy();
       }
     },
-    60_000,
   );
 
   // Review: the termination was tried once; one that could not run (no pool connection free
@@ -155,8 +160,10 @@ describe('an inbox handler past handlerTimeoutMs, after review', () => {
     await holder.query('SELECT pg_advisory_lock(4242)');
     let refusals = 0;
     const hooks: InboxTestHooks = {
-      beforeTerminate() {
-        if (refusals++ === 0) throw new Error('no connection to ask with (a hook)');
+      async beforeTerminate(pid) {
+        if (refusals++ > 0) return;
+        await waitingOnLock(pid); // the check of its connection will queue behind that statement
+        throw new Error('no connection to ask with (a hook)');
       },
     };
     let calls = 0;
@@ -180,4 +187,73 @@ describe('an inbox handler past handlerTimeoutMs, after review', () => {
       hooks,
     );
   }, 60_000);
+
+  // Review: a check of the connection queued behind the handler's statement answered (alive)
+  // once the lock was granted; the next termination succeeded, and that old answer made the
+  // loop wait, then take the ended session's error for an outage: no HandlerTimeoutError.
+  it('one ended after a failed termination while it waited on a lock fails with the deadline, not an outage', async () => {
+    const holder = new pg.Client({ connectionString: h.tdb.url });
+    holder.on('error', () => {}); // ended with the database, should the test fail first
+    await holder.connect();
+    await holder.query('SELECT pg_advisory_lock(4343)');
+    let terminations = 0;
+    const hooks: InboxTestHooks = {
+      async beforeTerminate(pid) {
+        if (terminations++ === 0) {
+          await waitingOnLock(pid);
+          throw new Error('no connection to ask with (a hook)');
+        }
+        // The lock granted, the queued check answered, the handler now hangs in JavaScript.
+        await holder.query('SELECT pg_advisory_unlock(4343)');
+        await waitFor(
+          'the check answered',
+          async () => (await stateOf(pid)) === 'idle in transaction',
+          10_000,
+        );
+      },
+    };
+    let calls = 0;
+    const handler: InboxHandler = async (trx) => {
+      if (++calls > 1) return;
+      await sql`SELECT pg_advisory_xact_lock(4343)`.execute(trx); // waits
+      await new Promise(() => {}); // then never returns
+    };
+    const lines: string[] = [];
+    try {
+      await h.withConsumer(
+        [95],
+        handler,
+        async (stats) => {
+          await waitFor('applied', () => stats().applied === 1, 40_000);
+          // The chunk failed with its deadline (its message then applied alone), not with the
+          // ended session's connection error taken for an outage (the chunk read again).
+          const failed = lines.map((l) => JSON.parse(l)).filter((l) => /chunk failed/.test(l.msg));
+          expect(failed.map((l) => l.err)).toEqual([expect.stringMatching(/handlerTimeoutMs/)]);
+        },
+        hooks,
+        { logger: pino({ level: 'warn' }, { write: (l: string) => void lines.push(l) }) },
+      );
+    } finally {
+      await holder.end();
+    }
+  }, 60_000);
 });
+
+/** Until the session `pid` waits on a lock it asked for. */
+async function waitingOnLock(pid: number): Promise<void> {
+  await waitFor(
+    'the handler waiting on its lock',
+    async () =>
+      (
+        await sql<{ n: number }>`
+          SELECT count(*)::int AS n FROM pg_locks WHERE pid = ${pid}::int AND NOT granted`.execute(h.tdb.db)
+      ).rows[0]!.n > 0,
+    10_000,
+  );
+}
+
+async function stateOf(pid: number): Promise<string | undefined> {
+  const { rows } = await sql<{ state: string }>`
+    SELECT state FROM pg_stat_activity WHERE pid = ${pid}::int`.execute(h.tdb.db);
+  return rows[0]?.state;
+}
