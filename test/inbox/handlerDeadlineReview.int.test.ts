@@ -154,10 +154,7 @@ describe('an inbox handler past handlerTimeoutMs, after review', () => {
   // Review: a termination that failed while the handler waited on a lock left the check of its
   // connection (a `SELECT 1` on the same connection) queued behind that statement: no retry came.
   it('a termination that fails while the handler waits on a lock is tried again', async () => {
-    const holder = new pg.Client({ connectionString: h.tdb.url });
-    holder.on('error', () => {}); // ended with the database, should the test fail first
-    await holder.connect();
-    await holder.query('SELECT pg_advisory_lock(4242)');
+    const holder = await advisoryLockHolder(4242);
     let refusals = 0;
     const hooks: InboxTestHooks = {
       async beforeTerminate(pid) {
@@ -192,10 +189,7 @@ describe('an inbox handler past handlerTimeoutMs, after review', () => {
   // once the lock was granted; the next termination succeeded, and that old answer made the
   // loop wait, then take the ended session's error for an outage: no HandlerTimeoutError.
   it('one ended after a failed termination while it waited on a lock fails with the deadline, not an outage', async () => {
-    const holder = new pg.Client({ connectionString: h.tdb.url });
-    holder.on('error', () => {}); // ended with the database, should the test fail first
-    await holder.connect();
-    await holder.query('SELECT pg_advisory_lock(4343)');
+    const holder = await advisoryLockHolder(4343);
     let terminations = 0;
     const hooks: InboxTestHooks = {
       async beforeTerminate(pid) {
@@ -256,4 +250,13 @@ async function stateOf(pid: number): Promise<string | undefined> {
   const { rows } = await sql<{ state: string }>`
     SELECT state FROM pg_stat_activity WHERE pid = ${pid}::int`.execute(h.tdb.db);
   return rows[0]?.state;
+}
+
+/** Another session, holding the advisory lock `key` until it ends. */
+async function advisoryLockHolder(key: number): Promise<pg.Client> {
+  const holder = new pg.Client({ connectionString: h.tdb.url });
+  holder.on('error', () => {}); // ended with the database, should the test fail first
+  await holder.connect();
+  await holder.query('SELECT pg_advisory_lock($1)', [key]);
+  return holder;
 }
