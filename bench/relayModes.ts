@@ -37,7 +37,7 @@ const MODE_NAMES: Record<Mode, string> = { poll: 'polling', wal: 'WAL (rows)', w
 
 interface ModeResult {
   drain_msgs_per_s: number;
-  /** The median of each drain's rate over the rate of the Publisher run right after it. */
+  /** The median of each drain's rate over the rate of the Publisher run beside it (after it, or before it in every other pair). */
   drain_ratio_to_raw_publisher: number;
   /** The drain from the relay's first acknowledged batch to its last (its start-up left out). */
   drain_after_first_ack_msgs_per_s: number;
@@ -171,15 +171,20 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
         await relay.stop();
         await running;
 
-        // A backlog drained by a relay started on it, then the same messages through this
+        // A backlog drained by a relay started on it, and the same messages through this
         // client's own Publisher with no Postgres, `pairs` times in turn: each drain is compared
         // with the Publisher run beside it (a few seconds apart), so the machine's drift between
-        // them, which moved a Publisher's run by a third, falls out of the ratio.
+        // them, which moved a Publisher's run by a third, falls out of the ratio. Every other
+        // pair runs the Publisher first: what one run leaves the next (the broker flushing the
+        // log just written, a collection due) does not always fall on the same side.
         const rawTopic = `bench.modes.raw.${mode}.${client}.${Date.now()}`;
         topics.push(rawTopic);
         await createTopicsAndWait(admin, [{ topic: rawTopic, numPartitions: 6 }]);
         const pairs: Array<{ drain: DrainRun; raw: RawPublisherRun }> = [];
         for (let p = 0; p < pairCount; p++) {
+          const publish = () =>
+            rawPublisher({ brokers, client, topic: rawTopic, n, batch: 2500, cpu: cpuSrc, runs: 1 });
+          const before = p % 2 === 1 ? await publish() : undefined;
           const d = await drainBacklog({
             db,
             topic,
@@ -192,16 +197,7 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
             // The next drain's relay must not decode this one's WAL again (advanceRestartPoint).
             ...(mode !== 'poll' && { beforeStop: () => advanceRestartPoint(server, name) }),
           });
-          const r = await rawPublisher({
-            brokers,
-            client,
-            topic: rawTopic,
-            n,
-            batch: 2500,
-            cpu: cpuSrc,
-            runs: 1,
-          });
-          pairs.push({ drain: d, raw: r });
+          pairs.push({ drain: d, raw: before ?? (await publish()) });
         }
         const drain = medianOf(pairs, (x) => x.drain.seconds).drain;
         rawRuns[client] = [...(rawRuns[client] ?? []), ...pairs.map((x) => x.raw)];
@@ -240,7 +236,7 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
         for (const [k, { drain: d, raw: r }] of pairs.entries()) {
           console.log(
             `drain ${k + 1} of a ${n} backlog: ${(n / d.seconds).toFixed(0)} msgs/s (after its first ack ${d.afterFirstAck.toFixed(0)}/s, ` +
-              `the first ${d.firstCount} acked ${d.firstAckS.toFixed(2)} s in); then the Publisher ${r.msgs_per_s}/s ` +
+              `the first ${d.firstCount} acked ${d.firstAckS.toFixed(2)} s in); the Publisher ${k % 2 === 1 ? 'before' : 'after'} it ${r.msgs_per_s}/s ` +
               `(${r.after_first_ack_msgs_per_s}/s after its first ack): x ${(n / d.seconds / r.msgs_per_s).toFixed(2)} ` +
               `(${(d.afterFirstAck / r.after_first_ack_msgs_per_s).toFixed(2)})`,
           );
