@@ -1,7 +1,7 @@
 import { createRelay, type RelayOptions } from '../relay/relay.js';
 import type { Db } from '../src/db/database.js';
 import type { KafkaClientName } from '../src/kafka/clientChoice.js';
-import { createKafkaPublisher } from '../src/kafka/publisher.js';
+import { createKafkaPublisher, type Publisher } from '../src/kafka/publisher.js';
 import { type CpuSources, type CpuSpent, cpuDuring } from './cpu.js';
 import { insertRows, outboxCount, rows } from './outboxRows.js';
 
@@ -31,13 +31,15 @@ export async function drainBacklog(o: {
   cpu: CpuSources;
   /** Run after the drain, the relay still running (the WAL modes move the slot's restart point past it). */
   beforeStop?: () => Promise<unknown>;
+  /** Instead of the client's Publisher (the relay's own work measured alone: instantPublisher). */
+  publisher?: Publisher;
 }): Promise<DrainRun> {
   for (let i = 0; i < Math.ceil(o.n / 1000); i++)
     await insertRows(o.db, rows(1000, 1000, o.topic), o.walMessages);
   const drainer = createRelay({
     ...o.relay,
     db: o.db,
-    publisher: createKafkaPublisher({ brokers: o.brokers, client: o.client }),
+    publisher: o.publisher ?? createKafkaPublisher({ brokers: o.brokers, client: o.client }),
   });
   let running: Promise<void> | undefined;
   // The first ack and the last, read every millisecond (the relay's start-up, connecting to
@@ -67,3 +69,14 @@ export async function drainBacklog(o: {
     firstAckS: (acks.first - acks.start) / 1000,
   };
 }
+
+/**
+ * A Publisher that acknowledges every batch at once and sends nothing: a drain through it is the
+ * relay's own work (reading, decoding, building messages, confirming), without the client's.
+ */
+export const instantPublisher: Publisher = {
+  address: 'nowhere (the bench: acknowledged at once)',
+  connect: async () => {},
+  publish: async () => {},
+  disconnect: async () => {},
+};

@@ -27,7 +27,7 @@ import { commitToAck } from './commitToAck.js';
 import { type CpuPerMsg, type CpuSpent, cpuDuring, cpuLine, cpuPerMsg, cpuSources } from './cpu.js';
 import { insertRows, outboxCount, rows } from './outboxRows.js';
 import { type RawPublisherRun, rawPublisher } from './rawPublisher.js';
-import { type DrainRun, drainBacklog } from './relayDrain.js';
+import { type DrainRun, drainBacklog, instantPublisher } from './relayDrain.js';
 import type { BenchEnv } from './support.js';
 import { flag, median, medianOf } from './support.js';
 
@@ -44,6 +44,8 @@ interface ModeResult {
   /** That, against the Publisher's run after its own first ack: neither's start-up counts. */
   drain_after_first_ack_ratio: number;
   pairs: Array<{ drain_msgs_per_s: number; raw_publisher_msgs_per_s: number }>;
+  /** The same drain through a Publisher that acknowledges at once (the relay's own work, no client's). */
+  drain_no_broker_msgs_per_s: number;
   burst_msgs_per_s: number;
   streamed: number;
   p50_ms_at_1k: number;
@@ -199,6 +201,19 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
           });
           pairs.push({ drain: d, raw: before ?? (await publish()) });
         }
+        // The relay's own share: the same drain, every batch acknowledged at once, nothing sent.
+        const own = await drainBacklog({
+          db,
+          topic,
+          n,
+          walMessages,
+          relay: relayOptions,
+          brokers,
+          client,
+          cpu: cpuSrc,
+          publisher: instantPublisher,
+          ...(mode !== 'poll' && { beforeStop: () => advanceRestartPoint(server, name) }),
+        });
         const drain = medianOf(pairs, (x) => x.drain.seconds).drain;
         rawRuns[client] = [...(rawRuns[client] ?? []), ...pairs.map((x) => x.raw)];
 
@@ -220,6 +235,7 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
 
         const cpu: Record<string, CpuPerMsg> = {
           drain: cpuPerMsg(drain.cpu, n),
+          drain_no_broker: cpuPerMsg(own.cpu, n),
           burst_inserts_and_relay: cpuPerMsg(burst.cpu, n),
           inserts_alone: cpuPerMsg(insertOnly.cpu, n),
           burst_relay_alone: cpuPerMsg(minus(burst.cpu, insertOnly.cpu), n),
@@ -242,6 +258,9 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
           );
         }
         console.log(`  the median drain: ${cpuLine(cpu.drain!)}`);
+        console.log(
+          `  the same drain acknowledged at once, nothing sent (the relay's own work): ${(n / own.seconds).toFixed(0)} msgs/s; ${cpuLine(cpu.drain_no_broker!)}`,
+        );
         console.log(`  inserts + relay   ${cpuLine(cpu.burst_inserts_and_relay!)}`);
         console.log(`  inserts alone     ${cpuLine(cpu.inserts_alone!)}`);
         console.log(`  relay alone       ${cpuLine(cpu.burst_relay_alone!)}`);
@@ -265,6 +284,7 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
             drain_msgs_per_s: Math.round(n / x.drain.seconds),
             raw_publisher_msgs_per_s: x.raw.msgs_per_s,
           })),
+          drain_no_broker_msgs_per_s: Math.round(n / own.seconds),
           burst_msgs_per_s: Math.round(n / burst.seconds),
           streamed,
           p50_ms_at_1k: Number(at1k.p50.toFixed(2)),
