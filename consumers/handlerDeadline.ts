@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import { sql } from 'kysely';
 import type { Db } from '../src/db/database.js';
 import type { Trx } from '../src/db/executor.js';
@@ -169,7 +170,4 @@ export function boundedTransactions(
 const done = () => 'done' as const;
 
 /** Resolves 'pause' after `ms`, holding no process open. */
-const pause = (ms: number) =>
-  new Promise<'pause'>((resolve) => {
-    setTimeout(() => resolve('pause'), ms).unref();
-  });
+const pause = (ms: number) => sleep(ms, 'pause' as const, { ref: false });
