@@ -22,7 +22,7 @@ import { createDb } from '../src/db/database.js';
 import { migrateToLatest } from '../src/db/migrate.js';
 import { defaultKafkaClient, type KafkaClientName, kafkaClientNames } from '../src/kafka/clientChoice.js';
 import { createTopicsAndWait } from '../src/kafka/kafkajsAdmin.js';
-import { createKafkaPublisher, kafkaClient } from '../src/kafka/publisher.js';
+import { createKafkaPublisher, kafkaClient, type Publisher } from '../src/kafka/publisher.js';
 import { commitToAck } from './commitToAck.js';
 import { type CpuPerMsg, type CpuSpent, cpuDuring, cpuLine, cpuPerMsg, cpuSources } from './cpu.js';
 import { insertRows, outboxCount, rows } from './outboxRows.js';
@@ -182,12 +182,9 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
         const rawTopic = `bench.modes.raw.${mode}.${client}.${Date.now()}`;
         topics.push(rawTopic);
         await createTopicsAndWait(admin, [{ topic: rawTopic, numPartitions: 6 }]);
-        const pairs: Array<{ drain: DrainRun; raw: RawPublisherRun }> = [];
-        for (let p = 0; p < pairCount; p++) {
-          const publish = () =>
-            rawPublisher({ brokers, client, topic: rawTopic, n, batch: 2500, cpu: cpuSrc, runs: 1 });
-          const before = p % 2 === 1 ? await publish() : undefined;
-          const d = await drainBacklog({
+        // Through this client's Publisher, or `publisher` (instantPublisher: the relay's own work).
+        const drainWith = (publisher?: Publisher) =>
+          drainBacklog({
             db,
             topic,
             n,
@@ -196,24 +193,20 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
             brokers,
             client,
             cpu: cpuSrc,
+            ...(publisher && { publisher }),
             // The next drain's relay must not decode this one's WAL again (advanceRestartPoint).
             ...(mode !== 'poll' && { beforeStop: () => advanceRestartPoint(server, name) }),
           });
+        const pairs: Array<{ drain: DrainRun; raw: RawPublisherRun }> = [];
+        for (let p = 0; p < pairCount; p++) {
+          const publish = () =>
+            rawPublisher({ brokers, client, topic: rawTopic, n, batch: 2500, cpu: cpuSrc, runs: 1 });
+          const before = p % 2 === 1 ? await publish() : undefined;
+          const d = await drainWith();
           pairs.push({ drain: d, raw: before ?? (await publish()) });
         }
         // The relay's own share: the same drain, every batch acknowledged at once, nothing sent.
-        const own = await drainBacklog({
-          db,
-          topic,
-          n,
-          walMessages,
-          relay: relayOptions,
-          brokers,
-          client,
-          cpu: cpuSrc,
-          publisher: instantPublisher,
-          ...(mode !== 'poll' && { beforeStop: () => advanceRestartPoint(server, name) }),
-        });
+        const own = await drainWith(instantPublisher);
         const drain = medianOf(pairs, (x) => x.drain.seconds).drain;
         rawRuns[client] = [...(rawRuns[client] ?? []), ...pairs.map((x) => x.raw)];
 
