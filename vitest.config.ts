@@ -1,5 +1,12 @@
 import { defineConfig } from 'vitest/config';
 
+/** Crash tests that stop, pause or restart the broker every other test shares. */
+const STOP_THE_BROKER = [
+  'test/chaos/soak.chaos.test.ts',
+  'test/relay/relayCrash.chaos.test.ts',
+  'test/inbox/replayDeadline.chaos.test.ts',
+];
+
 export default defineConfig({
   test: {
     reporters: ['default'],
@@ -29,12 +36,27 @@ export default defineConfig({
       },
       {
         test: {
-          // Chaos tests kill processes and restart the broker: one file at a time, after the rest.
+          // Crash tests that kill their own processes and fail over their own servers, after the
+          // rest: two files at a time, as the integration tests (they must hold on a busy machine).
           name: 'chaos',
           sequence: { groupOrder: 2 },
           include: ['test/**/*.chaos.test.ts'],
+          exclude: STOP_THE_BROKER,
           globalSetup: ['test/support/globalSetup.ts'],
           testTimeout: 600_000,
+          hookTimeout: 120_000,
+          maxWorkers: 2,
+          fileParallelism: true,
+        },
+      },
+      {
+        test: {
+          // Those that stop the shared broker: one file at a time, last.
+          name: 'broker-faults',
+          sequence: { groupOrder: 3 },
+          include: STOP_THE_BROKER,
+          globalSetup: ['test/support/globalSetup.ts'],
+          testTimeout: 900_000,
           hookTimeout: 120_000,
           maxWorkers: 1,
           fileParallelism: false,
@@ -47,7 +69,7 @@ export default defineConfig({
             {
               test: {
                 name: 'cluster',
-                sequence: { groupOrder: 3 },
+                sequence: { groupOrder: 4 },
                 include: ['test/**/*.cluster.test.ts'],
                 globalSetup: ['test/support/globalSetup.ts'],
                 testTimeout: 600_000,
