@@ -134,13 +134,14 @@ const delta = (after: Map<number, number>, before: Map<number, number>) =>
  * processes, every backend of the database and the broker JVM, read from /proc before and
  * after. Backends are listed again at the end: one that appeared during the run counts from
  * 0 (its whole life is inside the window); one that ended during it is lost, so keep pools
- * warm. `seconds` is the wall time of `run` alone, without the readings around it. CPU per message is the figure that holds on a shared, noisy machine, where rates do not.
+ * warm. `seconds` is the wall time of `run` alone, without the readings around it; `loopBusy`
+ * the share of it Node's event loop was not waiting (1: its one thread was the bound). CPU per message is the figure that holds on a shared, noisy machine, where rates do not.
  */
 export async function cpuDuring<T>(
   src: CpuSources,
   run: () => Promise<T>,
   opts: { pollBackendsMs?: number } = {},
-): Promise<{ result: T; cpu: CpuSpent; seconds: number }> {
+): Promise<{ result: T; cpu: CpuSpent; seconds: number; loopBusy: number }> {
   const children = () => src.childPids?.() ?? [];
   const backends = async () => (src.postgresLocal ? backendPids(src.db, src.database) : []);
   const pgBefore = await sumCpuS(await backends());
@@ -159,6 +160,7 @@ export async function cpuDuring<T>(
         }, opts.pollBackendsMs)
       : undefined;
   const node = process.cpuUsage();
+  const loop = performance.eventLoopUtilization();
   const started = performance.now();
   let result: T;
   try {
@@ -167,6 +169,7 @@ export async function cpuDuring<T>(
     clearInterval(poll);
   }
   const seconds = (performance.now() - started) / 1000;
+  const loopBusy = performance.eventLoopUtilization(loop).utilization;
   const nodeUsed = process.cpuUsage(node);
   await polling;
   const childS = delta(await sumCpuS(children()), childBefore);
@@ -177,6 +180,7 @@ export async function cpuDuring<T>(
   return {
     result,
     seconds,
+    loopBusy,
     cpu: {
       nodeS: (nodeUsed.user + nodeUsed.system) / 1e6 + childS,
       postgresS,

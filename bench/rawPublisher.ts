@@ -11,6 +11,8 @@ export interface RawPublisherRun {
    */
   after_first_ack_msgs_per_s: number;
   cpu: CpuPerMsg;
+  /** The share of the run Node's event loop was busy (1: its one thread was the bound). */
+  loop_busy: number;
   /** Each run's msgs/s, in order: the figure above is their median. */
   runs: number[];
 }
@@ -34,7 +36,7 @@ export async function rawPublisher(o: {
   const pub = createKafkaPublisher({ brokers: o.brokers, client: o.client });
   await pub.connect();
   try {
-    const results: Array<{ perS: number; afterFirstAck: number; cpu: CpuPerMsg }> = [];
+    const results: Array<{ perS: number; afterFirstAck: number; cpu: CpuPerMsg; loopBusy: number }> = [];
     for (let r = 0; r < (o.runs ?? 3); r++) {
       const msgs = rows(o.n, 1000, o.topic).map((m) => ({
         topic: o.topic,
@@ -56,6 +58,7 @@ export async function rawPublisher(o: {
         perS: o.n / spent.seconds,
         afterFirstAck: (o.n - Math.min(o.batch, o.n)) / afterFirstS,
         cpu: cpuPerMsg(spent.cpu, o.n),
+        loopBusy: spent.loopBusy,
       });
     }
     const median = [...results].sort((a, b) => a.perS - b.perS)[Math.floor(results.length / 2)]!;
@@ -63,6 +66,7 @@ export async function rawPublisher(o: {
       msgs_per_s: Math.round(median.perS),
       after_first_ack_msgs_per_s: Math.round(median.afterFirstAck),
       cpu: median.cpu,
+      loop_busy: Number(median.loopBusy.toFixed(2)),
       runs: results.map((r) => Math.round(r.perS)),
     };
   } finally {

@@ -8,6 +8,8 @@ import { insertRows, outboxCount, rows } from './outboxRows.js';
 export interface DrainRun {
   seconds: number;
   cpu: CpuSpent;
+  /** The share of the drain Node's event loop was busy (1: the relay's one thread was the bound). */
+  loopBusy: number;
   /** Messages per second from the relay's first acknowledged batch to its last (its start-up left out). */
   afterFirstAck: number;
   /** How many the first ack covered, and when it came (seconds after the relay was started). */
@@ -72,6 +74,7 @@ export async function drainBacklog(o: {
   return {
     seconds: drain.seconds,
     cpu: drain.cpu,
+    loopBusy: drain.loopBusy,
     afterFirstAck: (o.n - acks.firstCount) / ((acks.last - acks.first) / 1000),
     firstCount: acks.firstCount,
     firstAckS: (acks.first - acks.start) / 1000,

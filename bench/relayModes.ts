@@ -43,7 +43,13 @@ interface ModeResult {
   drain_after_first_ack_msgs_per_s: number;
   /** That, against the Publisher's run after its own first ack: neither's start-up counts. */
   drain_after_first_ack_ratio: number;
-  pairs: Array<{ drain_msgs_per_s: number; raw_publisher_msgs_per_s: number }>;
+  /** Each pair, with the share of each run Node's event loop was busy (1: its one thread was the bound). */
+  pairs: Array<{
+    drain_msgs_per_s: number;
+    raw_publisher_msgs_per_s: number;
+    drain_loop_busy: number;
+    raw_publisher_loop_busy: number;
+  }>;
   /** The same drain through a Publisher that acknowledges at once (the relay's own work, no client's). */
   drain_no_broker_msgs_per_s: number;
   burst_msgs_per_s: number;
@@ -247,7 +253,8 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
             `drain ${k + 1} of a ${n} backlog: ${(n / d.seconds).toFixed(0)} msgs/s (after its first ack ${d.afterFirstAck.toFixed(0)}/s, ` +
               `the first ${d.firstCount} acked ${d.firstAckS.toFixed(2)} s in); the Publisher ${k % 2 === 1 ? 'before' : 'after'} it ${r.msgs_per_s}/s ` +
               `(${r.after_first_ack_msgs_per_s}/s after its first ack): x ${(n / d.seconds / r.msgs_per_s).toFixed(2)} ` +
-              `(${(d.afterFirstAck / r.after_first_ack_msgs_per_s).toFixed(2)})`,
+              `(${(d.afterFirstAck / r.after_first_ack_msgs_per_s).toFixed(2)}); Node's event loop busy ${d.loopBusy.toFixed(2)} ` +
+              `of the drain, ${r.loop_busy} of the Publisher's run`,
           );
         }
         console.log(`  the median drain: ${cpuLine(cpu.drain!)}`);
@@ -276,6 +283,8 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
           pairs: pairs.map((x) => ({
             drain_msgs_per_s: Math.round(n / x.drain.seconds),
             raw_publisher_msgs_per_s: x.raw.msgs_per_s,
+            drain_loop_busy: Number(x.drain.loopBusy.toFixed(2)),
+            raw_publisher_loop_busy: x.raw.loop_busy,
           })),
           drain_no_broker_msgs_per_s: Math.round(n / own.seconds),
           burst_msgs_per_s: Math.round(n / burst.seconds),
