@@ -43,7 +43,7 @@ export default defineConfig({
           include: ['test/**/*.chaos.test.ts'],
           exclude: STOP_THE_BROKER,
           globalSetup: ['test/support/globalSetup.ts'],
-          testTimeout: 600_000,
+          testTimeout: 900_000, // two at a time: receiptCrash alone once took 240 s
           hookTimeout: 120_000,
           maxWorkers: 2,
           fileParallelism: true,

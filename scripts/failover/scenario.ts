@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -86,7 +87,8 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
     o.log(`[failover] region A primary :${a.port}, region B standby :${b.port} (${o.mode} replication)`);
 
     // --- topics, sink, region A's processes -----------------------------------------------
-    const run = `failover-${o.mode}-${Date.now().toString(36)}`;
+    // Random too: the two failover tests may start in the same millisecond (they run side by side).
+    const run = `failover-${o.mode}-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
     const stageTopics = ['planning', 'implementing', 'reviewing', 'testing'].map((s) => topicOf(run, s));
     const witnessTopic = topicOf(run, 'witness');
     // Every committed version also goes to the changelog (issue 20), signed with the run's ring.

@@ -92,7 +92,7 @@ describe('resume end to end (real processes, Postgres, Kafka)', () => {
     );
     for (const c of consumers) void c.run();
 
-    await waitForLeaseExpiry(tdb.db, 'e2e', 'main'); // worker-a's 1 s lease runs out
+    await waitForLeaseExpiry(tdb.db, 'e2e', 'main'); // worker-a's 5 s lease runs out
     const receipts = createReceiptStore({ db: tdb.db, checkpointer: checkpoints });
     const leases = createLeaseManager({ db: tdb.db });
     const opts = {

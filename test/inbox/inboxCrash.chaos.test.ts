@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type Child, sigkill, sigterm, spawnTs } from '../support/processes.js';
 import {
   createTestDatabase,
@@ -26,8 +26,6 @@ function consumerEnv(topic: string, group: string, name: string, extra: Record<s
     GROUP: group,
     TOPIC: topic,
     CONSUMER_NAME: name,
-    // The local broker allows short sessions (group.min.session.timeout.ms=1000); others keep 6 s.
-    SESSION_TIMEOUT_MS: inject('kafkaLocal') ? '2000' : '6000',
     ...extra,
   };
 }

@@ -15,7 +15,8 @@ const lease = await leases.acquire({
   taskId: process.env.TASK!,
   branch: 'main',
   agentId: 'worker-a',
-  ttlMs: 1000,
+  // Long enough for the get and the fenced update on a machine busy with another crash test.
+  ttlMs: 5000,
 });
 if (!lease.ok) throw new Error('lease held');
 const task = (await store.get(process.env.TASK!))!;
