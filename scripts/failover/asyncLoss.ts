@@ -3,8 +3,7 @@ import type { Db } from '../../src/db/database.js';
 import { ROLES, type Role } from '../demo/workflow.js';
 import type { Child } from '../lib/spawnTs.js';
 import { type PgServer, partition } from './pgCluster.js';
-
-type WaitUntil = (what: string, check: () => Promise<boolean>, deadlineMs: number) => Promise<void>;
+import type { WaitUntil } from './waitUntil.js';
 
 export interface AsyncLoss {
   /** The agent that worked on alone after the cut: only tasks of its stage can be lost. */

@@ -20,6 +20,7 @@ import type { FailoverReport } from '../../src/recovery/failover.js';
 import { readTopicsToEnd } from '../../src/recovery/failover.js';
 import type { Check } from '../demo/verify.js';
 import { MIRROR_PREFIX, type RegionKafka, startRegionKafka, tailOf } from './regionKafka.js';
+import type { WaitUntil } from './waitUntil.js';
 
 export { MIRROR_PREFIX };
 
@@ -113,7 +114,7 @@ export async function mirrorTruth(
 export async function lagMirror(
   regionB: RegionKafka,
   progress: () => Promise<number>,
-  waitUntil: (what: string, check: () => Promise<boolean>, deadlineMs: number) => Promise<void>,
+  waitUntil: WaitUntil,
   log: (line: string) => void,
 ): Promise<void> {
   regionB.pauseMirror(true);

@@ -25,17 +25,11 @@ import { type PgServer, requireSynchronous, startPrimary, startStandby } from '.
 import type { RegionKafka } from './regionKafka.js';
 import type { FailoverOptions, FailoverResult } from './scenarioTypes.js';
 import { effectChecks, resumeOpenTasks } from './takeover.js';
+import { waitUntil } from './waitUntil.js';
 
 export type { FailoverOptions, FailoverResult };
 
 const ROLE_NAMES = Object.keys(ROLES) as Role[];
-const waitUntil = async (what: string, check: () => Promise<boolean>, deadlineMs: number) => {
-  const until = Date.now() + deadlineMs;
-  while (!(await check())) {
-    if (Date.now() > until) throw new Error(`failover: timed out after ${deadlineMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-};
 const demoProgress = async (db: Db) =>
   (
     await sql<{

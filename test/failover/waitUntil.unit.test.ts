@@ -1,0 +1,38 @@
+import { describe, expect, it } from 'vitest';
+import { waitUntil } from '../../scripts/failover/waitUntil.js';
+
+describe("the failover scenario's waitUntil", () => {
+  it('asks again after a check that throws (a connection slow to open), until it holds', async () => {
+    let asked = 0;
+    await waitUntil(
+      'the third answer',
+      async () => {
+        asked++;
+        if (asked < 3) throw new Error('timeout expired');
+        return true;
+      },
+      10_000,
+    );
+    expect(asked).toBe(3);
+  });
+
+  it("names the last check's error at the deadline", async () => {
+    await expect(
+      waitUntil(
+        'a server that never answers',
+        async () => {
+          throw new Error('connection refused');
+        },
+        100,
+      ),
+    ).rejects.toThrow(
+      /timed out after 100 ms waiting for a server that never answers \(the last check failed: connection refused\)/,
+    );
+  });
+
+  it('says only what it waited for when every check answered no', async () => {
+    await expect(waitUntil('nothing', async () => false, 100)).rejects.toThrow(
+      /^failover: timed out after 100 ms waiting for nothing$/,
+    );
+  });
+});
