@@ -1,11 +1,5 @@
 import { defineConfig } from 'vitest/config';
-
-/** Crash tests that stop, pause or restart the broker every other test shares. */
-const STOP_THE_BROKER = [
-  'test/chaos/soak.chaos.test.ts',
-  'test/relay/relayCrash.chaos.test.ts',
-  'test/inbox/replayDeadline.chaos.test.ts',
-];
+import { STOP_THE_BROKER } from './test/support/brokerFaults.js';
 
 export default defineConfig({
   test: {

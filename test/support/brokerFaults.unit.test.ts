@@ -1,0 +1,43 @@
+import { readdirSync, readFileSync } from 'node:fs';
+import { join, relative } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { repoRoot } from '../../cli/stack/paths.js';
+import { STOP_THE_BROKER, stopsTheBroker } from './brokerFaults.js';
+
+const testFiles = (dir: string): string[] =>
+  readdirSync(dir, { withFileTypes: true }).flatMap((e) =>
+    e.isDirectory()
+      ? testFiles(join(dir, e.name))
+      : e.name.endsWith('.test.ts')
+        ? [relative(repoRoot, join(dir, e.name))]
+        : [],
+  );
+
+describe('test files that stop the shared broker', () => {
+  const files = testFiles(join(repoRoot, 'test'));
+  const self = relative(repoRoot, fileURLToPath(import.meta.url));
+  const stopping = files.filter((f) => f !== self && stopsTheBroker(readFileSync(join(repoRoot, f), 'utf8')));
+
+  it('are every one listed to run alone, last (a file beside them loses its broker)', () => {
+    // The cluster tests start brokers of their own.
+    expect(stopping.filter((f) => !f.endsWith('.cluster.test.ts')).sort()).toEqual(
+      [...STOP_THE_BROKER].sort(),
+    );
+  });
+
+  it('are crash tests, and each listed file exists', () => {
+    for (const f of STOP_THE_BROKER) {
+      expect(files, f).toContain(f);
+      expect(f).toMatch(/\.chaos\.test\.ts$/);
+    }
+  });
+
+  it('are recognised by what their source does', () => {
+    expect(stopsTheBroker('await stopLocalKafka();')).toBe(true);
+    expect(stopsTheBroker("const pid = readPid()!;\nprocess.kill(pid, 'SIGSTOP');")).toBe(true);
+    expect(stopsTheBroker("canRestartBroker: inject('kafkaLocal'),")).toBe(true);
+    expect(stopsTheBroker('pid: readPid(),')).toBe(false); // read, not signalled
+    expect(stopsTheBroker("if (inject('kafkaLocal')) {}")).toBe(false);
+  });
+});
