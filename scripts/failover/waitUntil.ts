@@ -1,23 +1,37 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+
 /** How the failover scenario waits for a condition, up to a deadline. */
 export type WaitUntil = (what: string, check: () => Promise<boolean>, deadlineMs: number) => Promise<void>;
 
 /**
  * Asks `check` until it holds. A check that throws (a connection slow to open on a machine busy
- * with other tests) is asked again; at the deadline its last error is named.
+ * with other tests) is asked again; one still running at the deadline (a query on a server that
+ * does not answer) is not waited for. At the deadline the last check's error, if it failed, is named.
  */
 export const waitUntil: WaitUntil = async (what, check, deadlineMs) => {
   const until = Date.now() + deadlineMs;
   let lastError: unknown;
   for (;;) {
+    const stopped = new AbortController();
     try {
-      if (await check()) return;
+      const answer = await Promise.race([
+        check(),
+        sleep(Math.max(0, until - Date.now()), 'still running' as const, { signal: stopped.signal }),
+      ]);
+      if (answer === true) return;
+      lastError = answer === 'still running' ? new Error('a check was still running') : undefined;
     } catch (err) {
       lastError = err;
+    } finally {
+      stopped.abort();
     }
-    if (Date.now() > until) {
-      const why = lastError === undefined ? '' : ` (the last check failed: ${(lastError as Error).message})`;
+    if (Date.now() >= until) {
+      const why =
+        lastError === undefined
+          ? ''
+          : ` (the last check failed: ${lastError instanceof Error ? lastError.message : String(lastError)})`;
       throw new Error(`failover: timed out after ${deadlineMs} ms waiting for ${what}${why}`);
     }
-    await new Promise((r) => setTimeout(r, 50));
+    await sleep(50);
   }
 };

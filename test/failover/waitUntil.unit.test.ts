@@ -35,4 +35,26 @@ describe("the failover scenario's waitUntil", () => {
       /^failover: timed out after 100 ms waiting for nothing$/,
     );
   });
+
+  it('does not wait past its deadline for a check that never answers', async () => {
+    const started = Date.now();
+    await expect(waitUntil('a query that hangs', () => new Promise<boolean>(() => {}), 100)).rejects.toThrow(
+      /waiting for a query that hangs \(the last check failed: a check was still running\)/,
+    );
+    expect(Date.now() - started).toBeLessThan(5_000);
+  });
+
+  it('names no old error once a later check answered no', async () => {
+    let asked = 0;
+    await expect(
+      waitUntil(
+        'a no after an error',
+        async () => {
+          if (asked++ === 0) throw new Error('timeout expired');
+          return false;
+        },
+        200,
+      ),
+    ).rejects.toThrow(/^failover: timed out after 200 ms waiting for a no after an error$/);
+  });
 });
