@@ -12,6 +12,8 @@ export interface DrainRun {
   loopBusy: number;
   /** Messages per second from the relay's first acknowledged batch to its last (its start-up left out). */
   afterFirstAck: number;
+  /** How many batches the relay published (the client's cost per message falls as they grow). */
+  batches: number;
   /** How many the first ack covered, and when it came (seconds after the relay was started). */
   firstCount: number;
   firstAckS: number;
@@ -41,7 +43,7 @@ export async function drainBacklog(o: {
   // The acks are counted as they come, through the Publisher (no poll of the relay's stats on
   // the relay's own thread, which a Publisher run alone does not pay): the first and the last.
   const inner = o.publisher ?? createKafkaPublisher({ brokers: o.brokers, client: o.client });
-  const acks = { start: 0, first: 0, firstCount: 0, last: 0, count: 0 };
+  const acks = { start: 0, first: 0, firstCount: 0, last: 0, count: 0, batches: 0 };
   let allAcked!: () => void;
   const drained = new Promise<void>((resolve) => {
     allAcked = resolve;
@@ -53,11 +55,15 @@ export async function drainBacklog(o: {
     async publish(messages) {
       await inner.publish(messages);
       acks.count += messages.length;
+      acks.batches++;
       acks.last = performance.now();
       if (acks.first === 0) Object.assign(acks, { first: acks.last, firstCount: acks.count });
       if (acks.count >= o.n) allAcked();
     },
   };
+  // Connected before the clock starts, as the Publisher run's is (bench/rawPublisher.ts): the
+  // relay's own connect() finds it connected.
+  await inner.connect();
   const drainer = createRelay({ ...o.relay, db: o.db, publisher: counting });
   let running: Promise<void> | undefined;
   // The relay's start-up (connecting to Postgres and the broker, taking the lanes) is before the first ack.
@@ -77,6 +83,7 @@ export async function drainBacklog(o: {
     loopBusy: drain.loopBusy,
     afterFirstAck: (o.n - acks.firstCount) / ((acks.last - acks.first) / 1000),
     firstCount: acks.firstCount,
+    batches: acks.batches,
     firstAckS: (acks.first - acks.start) / 1000,
   };
 }

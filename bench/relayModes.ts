@@ -251,7 +251,7 @@ export async function benchRelayModes(args: string[]): Promise<Record<string, un
         for (const [k, { drain: d, raw: r }] of pairs.entries()) {
           console.log(
             `drain ${k + 1} of a ${n} backlog: ${(n / d.seconds).toFixed(0)} msgs/s (after its first ack ${d.afterFirstAck.toFixed(0)}/s, ` +
-              `the first ${d.firstCount} acked ${d.firstAckS.toFixed(2)} s in); the Publisher ${k % 2 === 1 ? 'before' : 'after'} it ${r.msgs_per_s}/s ` +
+              `the first ${d.firstCount} acked ${d.firstAckS.toFixed(2)} s in; ${Math.round(n / d.batches)} per batch); the Publisher ${k % 2 === 1 ? 'before' : 'after'} it ${r.msgs_per_s}/s ` +
               `(${r.after_first_ack_msgs_per_s}/s after its first ack): x ${(n / d.seconds / r.msgs_per_s).toFixed(2)} ` +
               `(${(d.afterFirstAck / r.after_first_ack_msgs_per_s).toFixed(2)}); Node's event loop busy ${d.loopBusy.toFixed(2)} ` +
               `of the drain, ${r.loop_busy} of the Publisher's run`,
