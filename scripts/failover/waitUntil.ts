@@ -1,12 +1,22 @@
 import { setTimeout as sleep } from 'node:timers/promises';
+import { isDatabaseOutage } from '../../src/db/sqlstate.js';
 
 /** How the failover scenario waits for a condition, up to a deadline. */
 export type WaitUntil = (what: string, check: () => Promise<boolean>, deadlineMs: number) => Promise<void>;
 
 /**
- * Asks `check` until it holds. A check that throws (a connection slow to open on a machine busy
- * with other tests) is asked again; one still running at the deadline (a query on a server that
- * does not answer) is not waited for. At the deadline the last check's error, if it failed, is named.
+ * A check's failure that asking again may cure: Postgres not serving (isDatabaseOutage), or a
+ * connection slow to open on a machine busy with other tests (pg's Client says "timeout
+ * expired"; its Pool, "Connection terminated due to connection timeout").
+ */
+export const isTransientCheckError = (err: unknown): boolean =>
+  isDatabaseOutage(err) || /timeout expired/i.test((err as Error | null)?.message ?? '');
+
+/**
+ * Asks `check` until it holds. A check that fails for an outage (isTransientCheckError) is
+ * asked again; any other error (a mistake in its SQL) ends the wait at once, named. A check
+ * still running at the deadline (a query on a server that does not answer) is not waited for.
+ * At the deadline the last check's error, if it failed, is named.
  */
 export const waitUntil: WaitUntil = async (what, check, deadlineMs) => {
   const until = Date.now() + deadlineMs;
@@ -21,6 +31,13 @@ export const waitUntil: WaitUntil = async (what, check, deadlineMs) => {
       if (answer === true) return;
       lastError = answer === 'still running' ? new Error('a check was still running') : undefined;
     } catch (err) {
+      if (!isTransientCheckError(err))
+        throw new Error(
+          `failover: waiting for ${what}, a check failed: ${(err as Error)?.message ?? String(err)}`,
+          {
+            cause: err,
+          },
+        );
       lastError = err;
     } finally {
       stopped.abort();

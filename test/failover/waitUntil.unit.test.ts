@@ -21,12 +21,12 @@ describe("the failover scenario's waitUntil", () => {
       waitUntil(
         'a server that never answers',
         async () => {
-          throw new Error('connection refused');
+          throw Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:5999'), { code: 'ECONNREFUSED' });
         },
         100,
       ),
     ).rejects.toThrow(
-      /timed out after 100 ms waiting for a server that never answers \(the last check failed: connection refused\)/,
+      /timed out after 100 ms waiting for a server that never answers \(the last check failed: connect ECONNREFUSED 127.0.0.1:5999\)/,
     );
   });
 
@@ -56,5 +56,35 @@ describe("the failover scenario's waitUntil", () => {
         200,
       ),
     ).rejects.toThrow(/^failover: timed out after 200 ms waiting for a no after an error$/);
+  });
+
+  it('asks again while the server is starting up (57P03), and fails at once on a mistake in the check (42P01), naming it', async () => {
+    let asked = 0;
+    await waitUntil(
+      'a server starting up',
+      async () => {
+        if (asked++ < 2)
+          throw Object.assign(new Error('the database system is starting up'), { code: '57P03' });
+        return true;
+      },
+      10_000,
+    );
+    expect(asked).toBe(3);
+    const started = Date.now();
+    asked = 0;
+    await expect(
+      waitUntil(
+        'a table that is not there',
+        async () => {
+          asked++;
+          throw Object.assign(new Error('relation "tasks_typo" does not exist'), { code: '42P01' });
+        },
+        60_000,
+      ),
+    ).rejects.toThrow(
+      /^failover: waiting for a table that is not there, a check failed: relation "tasks_typo" does not exist$/,
+    );
+    expect(asked).toBe(1);
+    expect(Date.now() - started).toBeLessThan(5_000);
   });
 });
