@@ -49,6 +49,8 @@ export default defineConfig({
           name: 'broker-faults',
           sequence: { groupOrder: 3 },
           include: RUN_ALONE,
+          // The only tests allowed to (cli/stack/kafka.ts mayStopTheSharedBroker).
+          env: { CAIRN_BROKER_FAULTS: '1' },
           globalSetup: ['test/support/globalSetup.ts'],
           testTimeout: 900_000,
           hookTimeout: 120_000,

@@ -360,12 +360,36 @@ export function localBrokerStillRunning(
 }
 
 /**
+ * Under vitest, the broker this stack started is every test file's: only the files that run
+ * alone (the `broker-faults` project, which sets CAIRN_BROKER_FAULTS=1; test/support/brokerFaults.ts)
+ * may stop, pause or restart it. Anything else doing so, a child script it runs included (they
+ * inherit VITEST), fails here, naming what it tried, rather than failing the files beside it.
+ */
+export function mayStopTheSharedBroker(what: string, env: NodeJS.ProcessEnv = process.env): void {
+  if (env.VITEST && env.CAIRN_BROKER_FAULTS !== '1') {
+    throw new Error(
+      `${what}: under vitest only the broker-faults project may stop, pause or restart the shared broker; ` +
+        'list the test file in STOP_THE_BROKER (test/support/brokerFaults.ts)',
+    );
+  }
+}
+
+/** Sends the broker this stack started a signal (SIGSTOP: frozen; SIGCONT: going again). */
+export function signalLocalKafka(signal: NodeJS.Signals): void {
+  mayStopTheSharedBroker(`signalLocalKafka(${signal})`);
+  const pid = readPid();
+  if (!pid || !isAlive(pid)) throw new Error(`signalLocalKafka(${signal}): the local broker is not running`);
+  process.kill(pid, signal);
+}
+
+/**
  * Stops the broker this stack started: SIGTERM for a controlled shutdown, SIGKILL after
  * `graceMs` (default 2 minutes: a killed broker registers again only a session later).
  */
 export async function stopLocalKafka(
   opts: { graceMs?: number; signal?: NodeJS.Signals } = {},
 ): Promise<boolean> {
+  mayStopTheSharedBroker('stopLocalKafka');
   const pid = readPid();
   if (!pid || !isAlive(pid)) {
     rmSync(kafkaPaths.pid, { force: true });

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import { readPid } from '../../cli/stack/kafka.js';
+import { signalLocalKafka } from '../../cli/stack/kafka.js';
 import { replayDeadLetter } from '../../consumers/deadLetters.js';
 import { insertInboxRows } from '../../consumers/sql/insertInboxRows.js';
 import { UnavailableError } from '../../src/errors.js';
@@ -39,11 +39,10 @@ describe.skipIf(!local)('a dead-letter replay while the broker is frozen', () =>
     const topic = await createTestTopic('replay-deadline', 1);
     const messageId = uuid();
     await deadLetter(tdb.db, { groupId: 'billing', topic, messageId, tenantId: 'tenant-a' });
-    const pid = readPid()!;
     const publisher = createKafkaPublisher({ brokers: kafkaBrokers() });
     await publisher.connect(); // connected while the broker answers: the freeze hits the publish itself
     const startedAt = Date.now();
-    process.kill(pid, 'SIGSTOP');
+    signalLocalKafka('SIGSTOP');
     let consumerDone: number | undefined;
     try {
       const replay = replayDeadLetter(tdb.db, publisher, {
@@ -71,7 +70,7 @@ describe.skipIf(!local)('a dead-letter replay while the broker is frozen', () =>
       expect((await consumer).size).toBe(0);
       expect(consumerDone!).toBeLessThan(9_000);
     } finally {
-      process.kill(pid, 'SIGCONT');
+      signalLocalKafka('SIGCONT');
     }
     const dl = await tdb.db
       .selectFrom('inbox_dlq')

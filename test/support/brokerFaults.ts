@@ -12,7 +12,7 @@ export const STOP_THE_BROKER = [
 /** What, in a test file's source, stops, pauses or restarts the shared broker. */
 export function stopsTheBroker(source: string): boolean {
   return (
-    /\b(stopLocalKafka|startLocalKafka)\(/.test(source) ||
+    /\b(stopLocalKafka|startLocalKafka|signalLocalKafka)\(/.test(source) ||
     /\brestartBroker\(/.test(source) ||
     /canRestartBroker:\s*(inject|true)/.test(source) ||
     // The local stack's broker pid (readPid), sent a signal.

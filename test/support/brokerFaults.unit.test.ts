@@ -2,6 +2,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
+import { mayStopTheSharedBroker } from '../../cli/stack/kafka.js';
 import { repoRoot } from '../../cli/stack/paths.js';
 import { STOP_THE_BROKER, stopsTheBroker } from './brokerFaults.js';
 
@@ -35,9 +36,31 @@ describe('test files that stop the shared broker', () => {
 
   it('are recognised by what their source does', () => {
     expect(stopsTheBroker('await stopLocalKafka();')).toBe(true);
+    expect(stopsTheBroker("signalLocalKafka('SIGSTOP');")).toBe(true);
     expect(stopsTheBroker("const pid = readPid()!;\nprocess.kill(pid, 'SIGSTOP');")).toBe(true);
     expect(stopsTheBroker("canRestartBroker: inject('kafkaLocal'),")).toBe(true);
     expect(stopsTheBroker('pid: readPid(),')).toBe(false); // read, not signalled
     expect(stopsTheBroker("if (inject('kafkaLocal')) {}")).toBe(false);
+  });
+});
+
+describe('stopping the shared broker at run time', () => {
+  it('is refused under vitest outside the broker-faults project, a child script included, and named', () => {
+    // This file runs in the unit project: the broker-faults flag is not set here.
+    expect(process.env.VITEST).toBeTruthy();
+    expect(() => mayStopTheSharedBroker('stopLocalKafka')).toThrow(
+      /^stopLocalKafka: under vitest only the broker-faults project may stop, pause or restart the shared broker; list the test file in STOP_THE_BROKER/,
+    );
+    // A child process inherits the environment: the same answer.
+    expect(() => mayStopTheSharedBroker('restartBroker', { VITEST: 'true' })).toThrow(
+      /broker-faults project/,
+    );
+  });
+
+  it('is allowed in the broker-faults project, and outside vitest (`npm run stack:down`, the demo)', () => {
+    expect(() =>
+      mayStopTheSharedBroker('stopLocalKafka', { VITEST: 'true', CAIRN_BROKER_FAULTS: '1' }),
+    ).not.toThrow();
+    expect(() => mayStopTheSharedBroker('stopLocalKafka', {})).not.toThrow();
   });
 });
