@@ -8,6 +8,7 @@ export default defineConfig({
       {
         test: {
           name: 'unit',
+          env: { CAIRN_BROKER_FAULTS: '0' }, // even when the shell exports it: only broker-faults may
           include: ['test/**/*.unit.test.ts'],
           sequence: { groupOrder: 0 },
         },
@@ -15,6 +16,7 @@ export default defineConfig({
       {
         test: {
           name: 'int',
+          env: { CAIRN_BROKER_FAULTS: '0' }, // even when the shell exports it: only broker-faults may
           sequence: { groupOrder: 1 },
           include: ['test/**/*.int.test.ts'],
           globalSetup: ['test/support/globalSetup.ts'],
@@ -33,6 +35,7 @@ export default defineConfig({
           // Crash tests that kill their own processes and fail over their own servers, after the
           // rest: two files at a time, as the integration tests (they must hold on a busy machine).
           name: 'chaos',
+          env: { CAIRN_BROKER_FAULTS: '0' }, // even when the shell exports it: only broker-faults may
           sequence: { groupOrder: 2 },
           include: ['test/**/*.chaos.test.ts'],
           exclude: RUN_ALONE,
@@ -49,7 +52,7 @@ export default defineConfig({
           name: 'broker-faults',
           sequence: { groupOrder: 3 },
           include: RUN_ALONE,
-          // The only tests allowed to (cli/stack/kafka.ts mayStopTheSharedBroker).
+          // The only tests allowed to (cli/stack/kafka.ts assertMayStopTheSharedBroker).
           env: { CAIRN_BROKER_FAULTS: '1' },
           globalSetup: ['test/support/globalSetup.ts'],
           testTimeout: 900_000,
@@ -65,6 +68,7 @@ export default defineConfig({
             {
               test: {
                 name: 'cluster',
+                env: { CAIRN_BROKER_FAULTS: '0' }, // even when the shell exports it: only broker-faults may
                 sequence: { groupOrder: 4 },
                 include: ['test/**/*.cluster.test.ts'],
                 globalSetup: ['test/support/globalSetup.ts'],

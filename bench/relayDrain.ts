@@ -66,7 +66,7 @@ export async function drainBacklog(o: {
   await inner.connect();
   const drainer = createRelay({ ...o.relay, db: o.db, publisher: counting });
   let running: Promise<void> | undefined;
-  // The relay's start-up (connecting to Postgres and the broker, taking the lanes) is before the first ack.
+  // The relay's start-up (connecting to Postgres, opening the stream, taking the lanes) is before the first ack.
   const drain = await cpuDuring(o.cpu, async () => {
     acks.start = performance.now();
     running = drainer.run();

@@ -362,21 +362,23 @@ export function localBrokerStillRunning(
 /**
  * Under vitest, the broker this stack started is every test file's: only the files that run
  * alone (the `broker-faults` project, which sets CAIRN_BROKER_FAULTS=1; test/support/brokerFaults.ts)
- * may stop, pause or restart it. Anything else doing so, a child script it runs included (they
- * inherit VITEST), fails here, naming what it tried, rather than failing the files beside it.
+ * may stop, pause or restart it. Anything else doing so through these functions, a child script
+ * it runs included (children inherit VITEST), fails here, naming what it tried, rather than
+ * failing the files beside it. (A process sent a signal by hand is not caught here: the unit test
+ * of test/support/brokerFaults.ts looks for that in the test files' text.)
  */
-export function mayStopTheSharedBroker(what: string, env: NodeJS.ProcessEnv = process.env): void {
+export function assertMayStopTheSharedBroker(what: string, env: NodeJS.ProcessEnv = process.env): void {
   if (env.VITEST && env.CAIRN_BROKER_FAULTS !== '1') {
     throw new Error(
       `${what}: under vitest only the broker-faults project may stop, pause or restart the shared broker; ` +
-        'list the test file in STOP_THE_BROKER (test/support/brokerFaults.ts)',
+        'list the test file in STOP_THE_BROKER (test/support/brokerFaults.ts), which that project runs alone, last',
     );
   }
 }
 
 /** Sends the broker this stack started a signal (SIGSTOP: frozen; SIGCONT: going again). */
 export function signalLocalKafka(signal: NodeJS.Signals): void {
-  mayStopTheSharedBroker(`signalLocalKafka(${signal})`);
+  assertMayStopTheSharedBroker(`signalLocalKafka(${signal})`);
   const pid = readPid();
   if (!pid || !isAlive(pid)) throw new Error(`signalLocalKafka(${signal}): the local broker is not running`);
   process.kill(pid, signal);
@@ -389,7 +391,7 @@ export function signalLocalKafka(signal: NodeJS.Signals): void {
 export async function stopLocalKafka(
   opts: { graceMs?: number; signal?: NodeJS.Signals } = {},
 ): Promise<boolean> {
-  mayStopTheSharedBroker('stopLocalKafka');
+  assertMayStopTheSharedBroker('stopLocalKafka');
   const pid = readPid();
   if (!pid || !isAlive(pid)) {
     rmSync(kafkaPaths.pid, { force: true });

@@ -300,7 +300,7 @@ export async function runFailover(o: FailoverOptions): Promise<FailoverResult> {
       },
       o.timeoutS * 1000,
     ).catch((err: Error) => {
-      throw new Error(`${err.message} (${waitingFor})`);
+      throw new Error(waitingFor ? `${err.message} (${waitingFor})` : err.message, { cause: err });
     });
     o.log(
       `[failover] region B: promoted in ${promotedAt - killedAt} ms, checked in ${checkedAt - promotedAt} ms, ` +

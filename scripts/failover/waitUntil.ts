@@ -1,16 +1,20 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import { isDatabaseOutage } from '../../src/db/sqlstate.js';
+import { isDatabaseOutage, sqlState } from '../../src/db/sqlstate.js';
 
 /** How the failover scenario waits for a condition, up to a deadline. */
 export type WaitUntil = (what: string, check: () => Promise<boolean>, deadlineMs: number) => Promise<void>;
 
 /**
- * A check's failure that asking again may cure: Postgres not serving (isDatabaseOutage), or a
- * connection slow to open on a machine busy with other tests (pg's Client says "timeout
- * expired"; its Pool, "Connection terminated due to connection timeout").
+ * A check's failure that asking again may cure: Postgres not serving (isDatabaseOutage) or short
+ * of resources (53xxx: memory, disk, connections), or a connection slow to open or refused a
+ * local port on a machine busy with other tests (pg's Client says "timeout expired"; its Pool,
+ * "Connection terminated due to connection timeout").
  */
 export const isTransientCheckError = (err: unknown): boolean =>
-  isDatabaseOutage(err) || /timeout expired/i.test((err as Error | null)?.message ?? '');
+  isDatabaseOutage(err) ||
+  (sqlState(err)?.startsWith('53') ?? false) ||
+  (err as { code?: unknown } | null)?.code === 'EADDRNOTAVAIL' ||
+  /timeout expired/i.test((err as Error | null)?.message ?? '');
 
 /**
  * Asks `check` until it holds. A check that fails for an outage (isTransientCheckError) is

@@ -1,8 +1,9 @@
+import { spawnSync } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { mayStopTheSharedBroker } from '../../cli/stack/kafka.js';
+import { assertMayStopTheSharedBroker } from '../../cli/stack/kafka.js';
 import { repoRoot } from '../../cli/stack/paths.js';
 import { STOP_THE_BROKER, stopsTheBroker } from './brokerFaults.js';
 
@@ -48,19 +49,34 @@ describe('stopping the shared broker at run time', () => {
   it('is refused under vitest outside the broker-faults project, a child script included, and named', () => {
     // This file runs in the unit project: the broker-faults flag is not set here.
     expect(process.env.VITEST).toBeTruthy();
-    expect(() => mayStopTheSharedBroker('stopLocalKafka')).toThrow(
+    expect(() => assertMayStopTheSharedBroker('stopLocalKafka')).toThrow(
       /^stopLocalKafka: under vitest only the broker-faults project may stop, pause or restart the shared broker; list the test file in STOP_THE_BROKER/,
     );
-    // A child process inherits the environment: the same answer.
-    expect(() => mayStopTheSharedBroker('restartBroker', { VITEST: 'true' })).toThrow(
+    expect(() => assertMayStopTheSharedBroker('restartBroker', { VITEST: 'true' })).toThrow(
       /broker-faults project/,
     );
   });
 
+  it('is refused in a child script a test runs (it inherits VITEST)', () => {
+    const child = spawnSync(
+      process.execPath,
+      [
+        '--import',
+        'tsx',
+        '--input-type=module',
+        '-e',
+        "import('./cli/stack/kafka.ts').then((m) => m.assertMayStopTheSharedBroker('a child script'))",
+      ],
+      { cwd: repoRoot, encoding: 'utf8', timeout: 60_000 },
+    );
+    expect(child.status).not.toBe(0);
+    expect(child.stderr).toMatch(/a child script: under vitest only the broker-faults project may/);
+  });
+
   it('is allowed in the broker-faults project, and outside vitest (`npm run stack:down`, the demo)', () => {
     expect(() =>
-      mayStopTheSharedBroker('stopLocalKafka', { VITEST: 'true', CAIRN_BROKER_FAULTS: '1' }),
+      assertMayStopTheSharedBroker('stopLocalKafka', { VITEST: 'true', CAIRN_BROKER_FAULTS: '1' }),
     ).not.toThrow();
-    expect(() => mayStopTheSharedBroker('stopLocalKafka', {})).not.toThrow();
+    expect(() => assertMayStopTheSharedBroker('stopLocalKafka', {})).not.toThrow();
   });
 });
