@@ -1,5 +1,5 @@
 import { defineConfig } from 'vitest/config';
-import { RUN_ALONE } from './test/support/brokerFaults.js';
+import { STOP_THE_BROKER } from './test/support/brokerFaults.js';
 
 export default defineConfig({
   test: {
@@ -38,7 +38,7 @@ export default defineConfig({
           env: { CAIRN_BROKER_FAULTS: '0' }, // even when the shell exports it: only broker-faults may
           sequence: { groupOrder: 2 },
           include: ['test/**/*.chaos.test.ts'],
-          exclude: RUN_ALONE,
+          exclude: STOP_THE_BROKER,
           globalSetup: ['test/support/globalSetup.ts'],
           testTimeout: 900_000, // two at a time: receiptCrash alone once took 240 s
           hookTimeout: 120_000,
@@ -51,7 +51,7 @@ export default defineConfig({
           // Those that stop the shared broker, or need the machine to themselves: one at a time, last.
           name: 'broker-faults',
           sequence: { groupOrder: 3 },
-          include: RUN_ALONE,
+          include: STOP_THE_BROKER,
           // The only tests allowed to (cli/stack/kafka.ts assertMayStopTheSharedBroker).
           env: { CAIRN_BROKER_FAULTS: '1' },
           globalSetup: ['test/support/globalSetup.ts'],

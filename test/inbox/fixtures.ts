@@ -32,13 +32,19 @@ export async function produceTo(topic: string, messages: Message[]): Promise<voi
   }
 }
 
-/** Produces `perKey` messages for each of `keys` keys, seq rising per key, each with a cairn-message-id. */
+/**
+ * Produces `perKey` messages for each of `keys` keys, seq rising per key, each with a
+ * cairn-message-id. With `more`, goes on past `perKey` (up to `more.maxPerKey`) until
+ * `more.until()` holds: a stream that lasts until what a test waits for happened, on a busy
+ * machine as on a quiet one.
+ */
 export async function produceKeyed(
   brokers: string[],
   topic: string,
   keys: number,
   perKey: number,
   pauseMs = 0,
+  more?: { until: () => Promise<boolean>; maxPerKey: number },
 ): Promise<string[]> {
   const kafka = kafkaClient(brokers, 'inbox-test-producer');
   const producer = kafka.producer({
@@ -48,7 +54,7 @@ export async function produceKeyed(
   });
   await producer.connect();
   const ids: string[] = [];
-  for (let seq = 0; seq < perKey; seq++) {
+  for (let seq = 0; seq < perKey || (more && seq < more.maxPerKey && !(await more.until())); seq++) {
     const messages = Array.from({ length: keys }, (_, k) => {
       const id = uuidv7();
       ids.push(id);

@@ -1,3 +1,4 @@
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type Child, sigkill, sigterm, spawnTs } from '../support/processes.js';
 import {
@@ -32,6 +33,14 @@ function consumerEnv(topic: string, group: string, name: string, extra: Record<s
 
 async function effectCount(): Promise<number> {
   return (await effectStats(tdb.db)).distinct_ids;
+}
+
+/** How many consumers have applied effects so far. */
+async function consumersApplying(): Promise<number> {
+  const { rows } = await sql<{ n: number }>`SELECT count(DISTINCT consumer)::int AS n FROM effects`.execute(
+    tdb.db,
+  );
+  return rows[0]!.n;
 }
 
 describe('inbox consumers under crashes (real processes)', () => {
@@ -81,8 +90,13 @@ describe('inbox consumers under crashes (real processes)', () => {
     await tdb.db.deleteFrom('effects' as never).execute();
     const topic = await createTestTopic('inbox-chaos', 6);
     const group = `${topic}.g`;
-    // 6,000 messages over ~10 s, so consumers join and die while it flows.
-    const producing = produceKeyed(kafkaBrokers(), topic, 60, 100, 100);
+    // 6,000 messages over ~10 s or more, so consumers join and die while it flows: it goes on
+    // until a second consumer applied some (beside another crash test, joining once took longer
+    // than 10 s and one consumer applied everything: "expected 1 to be >= 2").
+    const producing = produceKeyed(kafkaBrokers(), topic, 60, 100, 100, {
+      until: async () => (await consumersApplying()) >= 2,
+      maxPerKey: 1000,
+    });
     const children: Child[] = [
       spawnTs('c1', 'test/support/effectConsumer.ts', consumerEnv(topic, group, 'c1', { CHUNK_SIZE: '20' })),
     ];

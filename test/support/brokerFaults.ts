@@ -19,10 +19,3 @@ export function stopsTheBroker(source: string): boolean {
     (/\breadPid\(/.test(source) && /\bprocess\.kill\(/.test(source))
   );
 }
-
-/**
- * The files that run last, one at a time: those above, and inboxCrash, whose rebalance test needs
- * consumers started a few seconds apart to join before the first drains the stream (beside
- * another crash test one did not, 2026-12-03: "expected 1 to be greater than or equal to 2").
- */
-export const RUN_ALONE = [...STOP_THE_BROKER, 'test/inbox/inboxCrash.chaos.test.ts'];
