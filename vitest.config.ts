@@ -48,7 +48,7 @@ export default defineConfig({
       },
       {
         test: {
-          // Those that stop the shared broker, or need the machine to themselves: one at a time, last.
+          // Those that stop the shared broker: one at a time, last.
           name: 'broker-faults',
           sequence: { groupOrder: 3 },
           include: STOP_THE_BROKER,

@@ -83,5 +83,10 @@ export function medianOf<T>(items: readonly T[], key: (t: T) => number): T {
   return [...items].sort((a, b) => key(a) - key(b))[Math.floor(items.length / 2)]!;
 }
 
-/** The median of numbers, to three decimals. */
-export const median = (xs: readonly number[]): number => Number(medianOf(xs, (x) => x).toFixed(3));
+/** The median of numbers (the mean of the middle two of an even count), to three decimals. */
+export function median(xs: readonly number[]): number {
+  const sorted = [...xs].sort((a, b) => a - b);
+  const mid = Math.floor(sorted.length / 2);
+  const m = sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
+  return Number(m.toFixed(3));
+}
