@@ -52,7 +52,7 @@ export default defineConfig({
           name: 'broker-faults',
           sequence: { groupOrder: 3 },
           include: STOP_THE_BROKER,
-          // The only tests allowed to (cli/stack/kafka.ts assertMayStopTheSharedBroker).
+          // The only tests allowed to (cli/stack/brokerGuard.ts assertMayStopTheSharedBroker).
           env: { CAIRN_BROKER_FAULTS: '1' },
           globalSetup: ['test/support/globalSetup.ts'],
           testTimeout: 900_000,

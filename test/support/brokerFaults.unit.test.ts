@@ -3,7 +3,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { assertMayStopTheSharedBroker } from '../../cli/stack/kafka.js';
+import { assertMayStopTheSharedBroker } from '../../cli/stack/brokerGuard.js';
 import { repoRoot } from '../../cli/stack/paths.js';
 import { STOP_THE_BROKER, stopsTheBroker } from './brokerFaults.js';
 
@@ -65,7 +65,7 @@ describe('stopping the shared broker at run time', () => {
         'tsx',
         '--input-type=module',
         '-e',
-        "import('./cli/stack/kafka.ts').then((m) => m.assertMayStopTheSharedBroker('a child script'))",
+        "import('./cli/stack/brokerGuard.ts').then((m) => m.assertMayStopTheSharedBroker('a child script'))",
       ],
       { cwd: repoRoot, encoding: 'utf8', timeout: 60_000 },
     );
