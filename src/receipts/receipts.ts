@@ -15,7 +15,7 @@ import { ReceiptStoreOptionsSchema } from './options.js';
 import { outcomeUnknown } from './outcome.js';
 import { reconcileTask } from './reconcile.js';
 import { recordThroughOutages } from './record.js';
-import { createResultCodec, type StoredRow } from './resultCodec.js';
+import { createResultCodec, NO_RESULT, type StoredRow } from './resultCodec.js';
 import { COLUMNS, idempotencyKeyOf } from './rows.js';
 import { receiptOwnerAlive } from './sql/ownerAlive.js';
 import { reclaimReceipt } from './sql/reclaim.js';
@@ -56,7 +56,7 @@ export function createReceiptStoreWithTestHooks(
   const { db } = options;
   const log = (options.logger ?? silentLogger).child({ component: 'receipts' });
   const abandonAfterMs = options.abandonAfterMs ?? 300_000;
-  const { encode, decode } = createResultCodec(db, options.keys);
+  const { encodeSuccess, decode } = createResultCodec(db, options.keys, log);
 
   /**
    * The receipt of a key, for the task the key was made from (the key is a digest over the
@@ -194,15 +194,12 @@ export function createReceiptStoreWithTestHooks(
     await hooks.afterEffect?.();
     // Recording a success is never fenced: the effect happened, and saying so is always
     // right, unless someone already acted on the belief that it might not have (below).
-    const stored = input.digestOnly
-      ? { result: null, result_enc: null, result_key_id: null }
-      : await encode(ref.receiptId, result);
-    const recorded = await record('the success', () =>
+    const recorded = await record('the success', async () =>
       db
         .updateTable('tool_receipt')
         .set({
           status: 'succeeded',
-          ...stored,
+          ...(input.digestOnly ? NO_RESULT : await encodeSuccess(ref.receiptId, result)),
           result_digest: digestOf(result),
           finished_at: sql<Date>`now()`,
         })
