@@ -29,6 +29,25 @@ export function replayAudit(entries: readonly AuditEntry[]): Record<string, unkn
   return doc;
 }
 
+/**
+ * The value as Postgres stores it (JSON): a key whose value is undefined is left out, an
+ * undefined array element becomes null. A patch may clear a field with undefined; a document
+ * kept in memory with such a key differs from the stored one, and an audit patch diffed from it
+ * would replace a path the stored document does not have (its replay then fails).
+ */
+export function asStored<T>(value: T): T {
+  if (Array.isArray(value)) return value.map((v) => (v === undefined ? null : asStored(v))) as T;
+  if (value === null || typeof value !== 'object' || !isPlain(value)) return value;
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(value)) if (v !== undefined) out[k] = asStored(v);
+  return out as T;
+}
+
+const isPlain = (v: object) => {
+  const proto = Object.getPrototypeOf(v);
+  return proto === Object.prototype || proto === null;
+};
+
 export function diff(prev: object, next: object): Operation[] {
   return fjp.compare(prev, next);
 }

@@ -22,7 +22,7 @@ import { zodIssues } from '../schemas/zodIssues.js';
 import { createChangelogWriter } from './changelog.js';
 import { createFieldCrypto } from './fieldCrypto.js';
 import { parseStoredTaskState } from './parseStored.js';
-import { diff } from './replay.js';
+import { asStored, diff } from './replay.js';
 import { assertChangeAllowed } from './rules.js';
 import { casUpdate } from './sql/casUpdate.js';
 import {
@@ -90,28 +90,30 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       assertNoCredentials(`new task ${input.task_id}`, input);
       const created = inTransaction(o.db, trx, async (t) => {
         const now = o.clock().toISOString();
-        const state = parse('task state', TaskStateV2, {
-          schema_version: TASK_STATE_V2,
-          tenant_id: input.tenant_id,
-          task_id: input.task_id,
-          version: 1,
-          status: input.status ?? 'planning',
-          gates: { ...allGates(false), ...input.gates },
-          artifacts: input.artifacts ?? {},
-          active_agents: input.active_agents ?? [],
-          completed_agents: [],
-          failed_agents: [],
-          budget: input.budget ?? {
-            currency_committed_usd: 0,
-            currency_spent_usd: 0,
-            tokens_spent: 0,
-            hops_used: 0,
-          },
-          workflow_digest: input.workflow_digest,
-          intent_id: input.intent_id,
-          updated_at: now,
-          updated_by: actor,
-        });
+        const state = asStored(
+          parse('task state', TaskStateV2, {
+            schema_version: TASK_STATE_V2,
+            tenant_id: input.tenant_id,
+            task_id: input.task_id,
+            version: 1,
+            status: input.status ?? 'planning',
+            gates: { ...allGates(false), ...input.gates },
+            artifacts: input.artifacts ?? {},
+            active_agents: input.active_agents ?? [],
+            completed_agents: [],
+            failed_agents: [],
+            budget: input.budget ?? {
+              currency_committed_usd: 0,
+              currency_spent_usd: 0,
+              tokens_spent: 0,
+              hops_used: 0,
+            },
+            workflow_digest: input.workflow_digest,
+            intent_id: input.intent_id,
+            updated_at: now,
+            updated_by: actor,
+          }),
+        );
         fields?.assertChangeNotCopied(state, reason, undefined);
         const stored = await seal(t, state);
         try {
@@ -190,16 +192,18 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
         storedDoc = row.doc;
       }
       const prev = known.plain;
-      const next = parse(`task ${input.taskId} after the patch`, TaskStateV2, {
-        ...prev,
-        ...patch,
-        gates: { ...prev.gates, ...patch.gates },
-        artifacts: { ...prev.artifacts, ...patch.artifacts },
-        budget: { ...prev.budget, ...patch.budget },
-        version: prev.version + 1,
-        updated_at: o.clock().toISOString(),
-        updated_by: input.actor,
-      });
+      const next = asStored(
+        parse(`task ${input.taskId} after the patch`, TaskStateV2, {
+          ...prev,
+          ...patch,
+          gates: { ...prev.gates, ...patch.gates },
+          artifacts: { ...prev.artifacts, ...patch.artifacts },
+          budget: { ...prev.budget, ...patch.budget },
+          version: prev.version + 1,
+          updated_at: o.clock().toISOString(),
+          updated_by: input.actor,
+        }),
+      );
       checkWriteOnce(prev, next);
       noteStatusChange(prev, next);
       assertNoCredentials(`task ${input.taskId}`, patch);

@@ -192,6 +192,38 @@ describe('TaskState store on real Postgres', () => {
     expect(replayAudit(await store.history('rules'))).toEqual(await store.get('rules'));
   });
 
+  // Review: a patch may clear a field with undefined. The store kept that key in its cached
+  // document (Postgres stored the JSON without it), so the next update's audit patch replaced a
+  // path the stored document did not have: the audit log no longer replayed to the task (and a
+  // failover region applying the changelog held a healthy task).
+  it('a field cleared with undefined, then set again: the audit log still replays to the task', async () => {
+    await store.create({
+      task: newTask('cleared', { artifacts: { review_report: undefined } as never }),
+      actor: AGENT,
+    });
+    let v = 1;
+    const step = async (patch: object) => {
+      const r = await store.update({
+        taskId: 'cleared',
+        expectedVersion: v,
+        actor: AGENT,
+        patch: patch as never,
+      });
+      expect(r.ok).toBe(true);
+      v++;
+    };
+    await step({ artifacts: { review_report: 's3://r/1' } });
+    await step({ artifacts: { review_report: undefined } });
+    await step({ artifacts: { review_report: 's3://r/2' } });
+    const current = await store.get('cleared');
+    expect(current?.artifacts).toEqual({ review_report: 's3://r/2' });
+    expect(replayAudit(await store.history('cleared'))).toEqual(current);
+    const { rows } = await sql<{
+      doc: unknown;
+    }>`SELECT doc FROM task_state WHERE task_id = 'cleared'`.execute(tdb.db);
+    expect(rows[0]?.doc).toEqual(current);
+  });
+
   it('the SQL transition table is the same as the code table', async () => {
     const rows = await tdb.db
       .selectFrom('task_transition' as never)
