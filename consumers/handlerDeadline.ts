@@ -89,9 +89,16 @@ export function boundedTransactions(
         // Not its start time: a timestamp's text reads back as another time under another
         // DateStyle or TimeZone (review), and pg_stat_activity has no xact_start when
         // track_activities is off; its backend_xid is there either way.
+        // Postgres ends the session itself once it has sat idle in this transaction past the
+        // deadline and a margin: a consumer frozen in a handler (SIGSTOP, a suspended VM) runs
+        // no timer of its own, and its uncommitted inbox rows would hold the partition's next
+        // owner for good, each attempt there spent waiting on them (review).
         const { pid, xid } = (
           await sql<{ pid: number; xid: string }>`
-            SELECT pg_backend_pid() AS pid, pg_current_xact_id()::xid::text AS xid`.execute(trx)
+            SELECT pg_backend_pid() AS pid, pg_current_xact_id()::xid::text AS xid,
+                   set_config('idle_in_transaction_session_timeout', ${String(idleBound(ms))}, true)`.execute(
+            trx,
+          )
         ).rows[0]!;
         const abandon = new AbortController();
         const running = work(trx, abandon.signal);
@@ -166,6 +173,13 @@ export function boundedTransactions(
       });
   };
 }
+
+/**
+ * How long a handler's session may sit idle in its transaction before Postgres ends it: past
+ * the deadline by a termination's wait, so the consumer's own termination (which names the
+ * deadline) comes first whenever the consumer runs.
+ */
+export const idleBound = (ms: number) => Math.min(ms + TERMINATE_WAIT_MS, 2_147_483_647);
 
 const done = () => 'done' as const;
 

@@ -8,6 +8,7 @@ import { sql } from 'kysely';
 import pg from 'pg';
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
+import { boundedTransactions, idleBound } from '../../consumers/handlerDeadline.js';
 import type { InboxHandler } from '../../consumers/inboxConsumer.js';
 import type { InboxTestHooks } from '../../consumers/inboxTypes.js';
 import { createDb } from '../../src/db/database.js';
@@ -17,6 +18,41 @@ import { deadlineHarness, hangsOnce, seqOf } from './handlerDeadlineHarness.js';
 const h = deadlineHarness('inbox_handler_deadline_review');
 
 describe('an inbox handler past handlerTimeoutMs, after review', () => {
+  // Review: a consumer frozen inside a handler (SIGSTOP, a suspended VM) runs no timer: its
+  // deadline never ends its session, and its uncommitted inbox rows held the partition's next
+  // owner, whose every attempt waited on them until it dead-lettered a healthy message.
+  it('a consumer frozen in its handler holds no row for good: Postgres ends its session past the deadline', async () => {
+    // The consumer's own termination never comes (as in a frozen process): only Postgres can end it.
+    let thaw!: () => void;
+    const thawed = new Promise<void>((r) => {
+      thaw = r;
+    });
+    const frozen = boundedTransactions(h.tdb.db, 800, pino({ level: 'silent' }), {
+      beforeTerminate: () => thawed,
+    });
+    let entered!: () => void;
+    const inHandler = new Promise<void>((r) => {
+      entered = r;
+    });
+    const ended = frozen(async (trx) => {
+      await sql`UPDATE locked SET n = n + 1 WHERE id = 1`.execute(trx);
+      entered();
+      await new Promise(() => {}); // no statement, no commit: idle in its transaction
+    }).catch((err: unknown) => err);
+    await inHandler;
+    // The partition's next owner, waiting on what the frozen one holds (its inbox rows; a row here).
+    await h.tdb.db.transaction().execute(async (trx) => {
+      await sql.raw(`SET LOCAL lock_timeout = '${idleBound(800) + 15_000}ms'`).execute(trx);
+      await sql`UPDATE locked SET n = n + 10 WHERE id = 1`.execute(trx); // before: lock_timeout, the row still held
+    });
+    const { rows } = await sql<{ n: number }>`SELECT n FROM locked WHERE id = 1`.execute(h.tdb.db);
+    expect(rows[0]?.n).toBe(10); // the frozen transaction's +1 rolled back
+    await sql`UPDATE locked SET n = 0 WHERE id = 1`.execute(h.tdb.db);
+    // Thawed, the consumer finds its session gone (a connection error: what it tells an outage by) and lets its connection go.
+    thaw();
+    expect(String(await ended)).toMatch(/terminat|connection/i);
+  }, 60_000);
+
   // Review: a session already gone at the deadline (an idle-in-transaction timeout, a DBA's
   // kill) made the termination find nothing, and the consumer waited for the handler for good.
   it('one whose session ended by itself before its deadline ran out is tried again (its connection error, not a wait)', async () => {
