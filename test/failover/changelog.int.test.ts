@@ -216,4 +216,29 @@ describe('changelog replay after an asynchronous failover', () => {
       stateDigest((await docOf(dbs.a.db, 'ENC-1'))?.doc),
     );
   });
+  // Review: key_missing also comes from a provider that lacks the key-encryption key (a keyring
+  // loaded before a rotation): the changelog took it for "this tenant has no data key" and
+  // wrote the record in the clear (reason, patch) to the outbox, the topic and every region.
+  it('a data key this process cannot unwrap (its keyring read before a rotation) refuses the change; nothing in the clear', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'cairn-changelog-rotate-'));
+    writeKeyring(join(dir, 'current.json'));
+    await createTenantKeys({ db: dbs.a.db, provider: localKeyring(join(dir, 'current.json')) }).addTenant(
+      'rot',
+    );
+    // This process's keyring lacks the key-encryption key the tenant's data key is wrapped under.
+    writeKeyring(join(dir, 'old.json'));
+    const stale = createTenantKeys({ db: dbs.a.db, provider: localKeyring(join(dir, 'old.json')) });
+    const { A } = await regions({}, [stale, stale]);
+    await expect(
+      A.create({ task: newTask('ROT-1', { tenant_id: 'rot' }), actor: AGENT, reason: 'reason TOP-SECRET-8' }),
+    ).rejects.toMatchObject({ code: 'key_missing' });
+    const { rows } = await sql<{ n: number }>`
+      SELECT count(*)::int AS n FROM task_state WHERE task_id = 'ROT-1'`.execute(dbs.a.db);
+    expect(rows[0]?.n).toBe(0);
+    const { rows: clear } = await sql<{ n: number }>`
+      SELECT count(*)::int AS n FROM outbox WHERE convert_from(payload, 'UTF8') LIKE '%TOP-SECRET-8%'`.execute(
+      dbs.a.db,
+    );
+    expect(clear[0]?.n).toBe(0);
+  });
 });
