@@ -88,6 +88,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       checkActor(actor);
       const input = parse('new task', NewTask, task);
       assertNoCredentials(`new task ${input.task_id}`, input);
+      assertNoCredentials(`the reason for new task ${input.task_id}`, reason);
       const created = inTransaction(o.db, trx, async (t) => {
         const now = o.clock().toISOString();
         const state = asStored(
@@ -169,7 +170,9 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       if (!row) return undefined;
       const stored = parseStoredTaskState(row);
       const state = await open(ex, stored);
-      if (row.doc.schema_version === TASK_STATE_V2) remember(state, stored);
+      // Not what a caller's transaction read: it may roll back, and a copy of it would let a
+      // later update's CAS pass against a row that never held it (review).
+      if (row.doc.schema_version === TASK_STATE_V2 && !opts.trx) remember(state, stored);
       return state;
     },
 
@@ -207,6 +210,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       checkWriteOnce(prev, next);
       noteStatusChange(prev, next);
       assertNoCredentials(`task ${input.taskId}`, patch);
+      assertNoCredentials(`the reason for task ${input.taskId}'s change`, input.reason);
       assertChangeAllowed(prev, next, { reason: input.reason, requiredGates: o.requiredGates });
       fields?.assertChangeNotCopied(next, input.reason, input.messages);
       const nextStored = await seal(ex, next, known);

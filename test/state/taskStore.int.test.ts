@@ -224,6 +224,71 @@ describe('TaskState store on real Postgres', () => {
     expect(rows[0]?.doc).toEqual(current);
   });
 
+  // Review: get() inside a caller's transaction cached what that transaction read. Rolled back,
+  // the copy let a later update's CAS (version and updated_at, milliseconds) pass against a row
+  // another store wrote in the same millisecond: that store's change was lost.
+  it("a read inside a transaction that rolls back is not kept: another store's change in the same millisecond survives", async () => {
+    const at = new Date('2026-12-03T12:00:00.000Z');
+    const s1 = createTaskStore({ db: tdb.db, clock: () => at });
+    const s2 = createTaskStore({ db: tdb.db, clock: () => at });
+    await s1.create({ task: newTask('rolled'), actor: AGENT });
+    const art = (a: Record<string, string>) => ({ artifacts: a }) as never;
+    await tdb.db
+      .transaction()
+      .execute(async (trx) => {
+        await s1.update({
+          taskId: 'rolled',
+          expectedVersion: 1,
+          actor: AGENT,
+          patch: art({ implementation_plan: 's3://A' }),
+          trx,
+        });
+        await s1.get('rolled', { trx });
+        throw new Error('rolled back');
+      })
+      .catch(() => {});
+    expect(
+      (
+        await s2.update({
+          taskId: 'rolled',
+          expectedVersion: 1,
+          actor: AGENT,
+          patch: art({ review_report: 's3://B' }),
+        })
+      ).ok,
+    ).toBe(true);
+    await s1.update({
+      taskId: 'rolled',
+      expectedVersion: 2,
+      actor: AGENT,
+      patch: art({ test_results: 's3://C' }),
+    });
+    const current = await createTaskStore({ db: tdb.db }).get('rolled');
+    expect(current?.artifacts).toEqual({ review_report: 's3://B', test_results: 's3://C' });
+    expect(replayAudit(await store.history('rolled'))).toEqual(current);
+  });
+
+  it('a reason that looks like a credential is refused naming it, and nothing is written', async () => {
+    await store.create({ task: newTask('secret-reason'), actor: AGENT });
+    const token = `ghp_${'a'.repeat(36)}`;
+    const err = await store
+      .update({
+        taskId: 'secret-reason',
+        expectedVersion: 1,
+        actor: AGENT,
+        patch: planApproved(),
+        reason: `retry with ${token}`,
+      })
+      .catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ValidationError);
+    expect(String((err as Error).message)).toMatch(/reason/);
+    expect(String((err as Error).message)).not.toContain(token);
+    expect((await store.get('secret-reason'))?.version).toBe(1);
+    await expect(
+      store.create({ task: newTask('secret-reason-2'), actor: AGENT, reason: `made with ${token}` }),
+    ).rejects.toBeInstanceOf(ValidationError);
+  });
+
   it('the SQL transition table is the same as the code table', async () => {
     const rows = await tdb.db
       .selectFrom('task_transition' as never)
