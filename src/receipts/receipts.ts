@@ -349,7 +349,7 @@ export function createReceiptStoreWithTestHooks(
       throw new NotFoundError('settled receipt after 5 rounds for key', key);
     },
 
-    byKey: (key) => load(key),
+    byKey: (key, taskId) => load(key, taskId),
 
     reconcile: (taskId, opts) =>
       reconcileTask(

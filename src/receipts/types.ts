@@ -106,8 +106,12 @@ export interface ReceiptStore {
    * RunOnceResult.
    */
   runOnce<T>(input: RunOnceInput<T>): Promise<RunOnceResult<T>>;
-  /** The receipt of an idempotency key, if any. */
-  byKey(idempotencyKey: string): Promise<ReceiptRow | undefined>;
+  /**
+   * The receipt of an idempotency key, if any; of that task's, when `taskId` is given. Without
+   * it, a store on a role that sees every tenant (the owner) may find another tenant's row
+   * under the same key: give the task whenever the answer decides anything.
+   */
+  byKey(idempotencyKey: string, taskId?: string): Promise<ReceiptRow | undefined>;
   /** Every receipt of a task, oldest first. */
   byTask(taskId: string): Promise<ReceiptRow[]>;
   /**

@@ -295,17 +295,18 @@ export async function checkAfterFailover(
   }
   const applied = o.appliedEffects ?? [];
   const keys = [...new Set(applied.map((a) => a.idempotencyKey))];
-  const known = new Set(
+  // By key and task: a key alone may be another tenant's row (any tenant may write a receipt
+  // under any key for a task of its own), which would hide this effect's lost receipt (review).
+  const receiptRows =
     keys.length === 0
       ? []
-      : (
-          await db
-            .selectFrom('tool_receipt')
-            .select('idempotency_key')
-            .where('idempotency_key', 'in', keys)
-            .execute()
-        ).map((r) => r.idempotency_key),
-  );
+      : await db
+          .selectFrom('tool_receipt')
+          .select(['idempotency_key', 'task_id'])
+          .where('idempotency_key', 'in', keys)
+          .execute();
+  const known = new Set(receiptRows.map((r) => r.idempotency_key));
+  const knownForTask = new Set(receiptRows.map((r) => `${r.task_id}\u0000${r.idempotency_key}`));
   const missingReceipts: MissingReceipt[] = [];
   const { lost: consumed, notJudged } = await lostConsumptions(db, messages, {
     consumers: o.consumers ?? [],
@@ -342,7 +343,8 @@ export async function checkAfterFailover(
   for (const a of applied) {
     // A receipt in any state means the database knows of the effect: a started or uncertain
     // one is the ordinary crash that resume's reconcile settles. Only a missing row is a loss.
-    if (known.has(a.idempotencyKey)) continue;
+    if (a.taskId ? knownForTask.has(`${a.taskId}\u0000${a.idempotencyKey}`) : known.has(a.idempotencyKey))
+      continue;
     const taskId = a.taskId ?? null;
     missingReceipts.push({ idempotencyKey: a.idempotencyKey, taskId });
     if (taskId) diverged.add(taskId);

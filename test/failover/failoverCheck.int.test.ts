@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRelay } from '../../relay/relay.js';
 import { createKafkaAdmin } from '../../src/kafka/admin.js';
 import { createKafkaPublisher } from '../../src/kafka/publisher.js';
+import { createReceiptStore } from '../../src/receipts/receipts.js';
 import { checkAfterFailover } from '../../src/recovery/failover.js';
 import { createTaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
@@ -83,5 +84,38 @@ describe('failover check', () => {
     const report = await checkAfterFailover(b.db, kafka, { topics: [topic] }).finally(() => kafka.close());
     expect(report.divergedTasks).toEqual(['T1']);
     expect(report.lostTransitions).toMatchObject([{ taskId: 'T1', storedVersion: 1, seenVersion: 2 }]);
+  });
+  // Review: an applied effect was counted as known when any receipt had its key, of any task
+  // or tenant: another tenant's row under the same key (written with its own SQL, for a task of
+  // its own) hid this task's lost receipt, and its worker would run the effect again.
+  it("an applied effect whose key only another task's receipt has is reported missing for its own task", async () => {
+    const forged = 'sha256:effect-of-T2';
+    await b.db
+      .insertInto('tool_receipt')
+      .values({
+        receipt_id: '00000000-0000-4000-8000-0000000000b2',
+        idempotency_key: forged,
+        task_id: 'O-1', // the other tenant's task
+        step: 'charge',
+        tool: 'payments.charge',
+        args_digest: forged,
+        status: 'started', // a receipt in any state says the effect is known
+        irreversible: false,
+        worker: 'other-tenant',
+      })
+      .execute();
+    const kafka = createKafkaAdmin({ brokers: kafkaBrokers(), clientId: 'failover-check-receipts' });
+    const report = await checkAfterFailover(b.db, kafka, {
+      topics: [topic],
+      appliedEffects: [
+        { idempotencyKey: forged, taskId: 'T2' },
+        { idempotencyKey: forged, taskId: 'O-1' }, // its own: known
+      ],
+    }).finally(() => kafka.close());
+    expect(report.missingReceipts).toEqual([{ idempotencyKey: forged, taskId: 'T2' }]);
+    expect(report.divergedTasks).toContain('T2');
+    const receipts = createReceiptStore({ db: b.db });
+    expect(await receipts.byKey(forged, 'T2')).toBeUndefined();
+    expect((await receipts.byKey(forged, 'O-1'))?.task_id).toBe('O-1');
   });
 });
