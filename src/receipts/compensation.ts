@@ -1,6 +1,8 @@
 import { sql } from 'kysely';
 import { digestOf } from '../canonical.js';
 import type { Db } from '../db/database.js';
+import { LeaseLostError } from '../errors.js';
+import { holdsFence } from '../leases/sql/fenceCheck.js';
 import type { Logger } from '../logger.js';
 import type { ReceiptRow, ReceiptTestHooks, Ref, RunOnceInput, RunOnceResult } from './types.js';
 
@@ -106,13 +108,22 @@ export async function compensateFrom<T>(
 ): Promise<RunOnceResult<T>> {
   const ref = { receiptId: row.receipt_id, idempotencyKey: row.idempotency_key };
   if (row.status === 'uncertain') {
-    const claimed = await ctx.db
-      .updateTable('tool_receipt')
-      .set({ status: 'compensating', worker, resolution: `compensating (${worker})` })
-      .where('receipt_id', '=', row.receipt_id)
-      .where('status', '=', 'uncertain')
-      .returning('receipt_id')
-      .executeTakeFirst();
+    // Claimed under the caller's lease, in one transaction: a claim after the lease was lost
+    // would stay compensating for good (the compensation is refused at its intent) (review).
+    const claimed = await ctx.db.transaction().execute(async (trx) => {
+      if (input.lease && !(await holdsFence(trx, input.lease))) {
+        throw new LeaseLostError(
+          `receipt ${row.receipt_id} of task ${input.taskId}: lease token ${input.lease.fencingToken} is no longer current; not compensated, left uncertain for the holder`,
+        );
+      }
+      return trx
+        .updateTable('tool_receipt')
+        .set({ status: 'compensating', worker, resolution: `compensating (${worker})` })
+        .where('receipt_id', '=', row.receipt_id)
+        .where('status', '=', 'uncertain')
+        .returning('receipt_id')
+        .executeTakeFirst();
+    });
     if (!claimed) return ctx.runOnce(input); // someone else moved it: look again
     await ctx.hooks.afterCompensationClaim?.();
     // The worker of the effect may have reported success meanwhile (the receipt is then

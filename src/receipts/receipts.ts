@@ -8,9 +8,10 @@ import { LeaseLostError, NotFoundError, ValidationError } from '../errors.js';
 import type { Lease } from '../leases/leases.js';
 import { holdsFence } from '../leases/sql/fenceCheck.js';
 import { silentLogger } from '../logger.js';
-import { parseOptions, refuseUnknownKeys } from '../options.js';
+import { parseOptions } from '../options.js';
 import { parseStoredTaskState } from '../state/parseStored.js';
 import { compensateFrom, lateSuccess, type ReceiptContext, settled } from './compensation.js';
+import { gateUncertain } from './gate.js';
 import { ReceiptStoreOptionsSchema } from './options.js';
 import { outcomeUnknown } from './outcome.js';
 import { reconcileTask } from './reconcile.js';
@@ -258,28 +259,7 @@ export function createReceiptStoreWithTestHooks(
     }
     if (input.onUncertain === 'compensate') return compensateFrom(ctx, input, row, worker);
     // gate: wait for a human. The receipt says so, and so does the task's audit log.
-    const gated = await db
-      .updateTable('tool_receipt')
-      .set({ status: 'gated', resolution: 'waiting for a human decision' })
-      .where('receipt_id', '=', row.receipt_id)
-      .where('status', '=', 'uncertain')
-      .returning('receipt_id')
-      .executeTakeFirst();
-    if (!gated) return store.runOnce(input); // someone else moved it: look again
-    if (input.gate) {
-      refuseUnknownKeys('gate record', input.gate, ['store', 'actor', 'lease'], { fence: 'lease' });
-      const task = await input.gate.store.get(input.taskId);
-      if (task) {
-        await input.gate.store.update({
-          taskId: input.taskId,
-          expectedVersion: task.version,
-          patch: {},
-          actor: input.gate.actor,
-          reason: `human decision required: receipt ${row.receipt_id} (${input.tool} at ${input.step}) is uncertain after its worker died`,
-          ...(input.gate.lease ? { lease: input.gate.lease } : {}),
-        });
-      }
-    }
+    if (!(await gateUncertain(db, input, row))) return store.runOnce(input); // someone else moved it: look again
     return { ...ref, status: 'gated' };
   }
 

@@ -1,0 +1,150 @@
+/**
+ * Review: reconcile looked at its fence once, before asking whether a receipt's worker is
+ * alive. A reconcile paused after that (the afterOwnerGone hook here) past its lease, while a
+ * new owner took the task, then gated the receipt (its audit row refused by the fence after
+ * the receipt moved: gated with no audit row) or claimed it for compensation (the compensation
+ * then refused at its intent: compensating for good). And a gate whose audit write met another
+ * write to the task returned `gated` with no audit row.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { LeaseLostError } from '../../src/errors.js';
+import { createLeaseManager, type Lease } from '../../src/leases/leases.js';
+import { createReceiptStore, createReceiptStoreWithTestHooks } from '../../src/receipts/receipts.js';
+import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
+import { AGENT, newTask } from '../state/fixtures.js';
+import { waitForLeaseExpiry } from '../support/leases.js';
+import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+
+let t: TestDatabase;
+let store: TaskStore;
+beforeAll(async () => {
+  t = await createTestDatabase('reconcile_after_owner_gone');
+  store = createTaskStore({ db: t.db, cacheSize: 0 });
+});
+afterAll(async () => {
+  await t?.drop();
+});
+
+const leases = () => createLeaseManager({ db: t.db });
+
+/** A task whose receipt a dead worker left 'started' (its lease run out). */
+async function deadWorkersReceipt(taskId: string) {
+  await store.create({ task: newTask(taskId), actor: AGENT });
+  const w0 = await leases().acquire({ taskId, branch: 'main', agentId: 'w0', ttlMs: 200 });
+  if (!w0.ok) throw new Error('w0 lease');
+  const dying = createReceiptStoreWithTestHooks(
+    { db: t.db, abandonAfterMs: 100 },
+    {
+      afterIntent: () => {
+        throw new Error('w0 is SIGKILLed after its intent');
+      },
+    },
+  );
+  await expect(
+    dying.runOnce({
+      taskId,
+      step: 'deploy',
+      tool: 'deploy',
+      args: { v: 1 },
+      onUncertain: 'gate',
+      lease: w0,
+      effect: async () => 'deployed',
+    }),
+  ).rejects.toThrow('SIGKILLed');
+  await waitForLeaseExpiry(t.db, taskId, 'main');
+}
+
+/** A resumer's lease, and a receipt store that pauses after finding the worker gone until a new owner holds the task. */
+async function slowReconciler(
+  taskId: string,
+): Promise<{ lease: Lease; receipts: ReturnType<typeof createReceiptStore> }> {
+  const lease = await leases().acquire({ taskId, branch: 'main', agentId: 'resumer', ttlMs: 300 });
+  if (!lease.ok) throw new Error('resumer lease');
+  const receipts = createReceiptStoreWithTestHooks(
+    { db: t.db, abandonAfterMs: 100 },
+    {
+      afterOwnerGone: async () => {
+        await waitForLeaseExpiry(t.db, taskId, 'main');
+        const owner = await leases().acquire({ taskId, branch: 'main', agentId: 'new-owner', ttlMs: 60_000 });
+        if (!owner.ok) throw new Error('the new owner should get the lease');
+      },
+    },
+  );
+  return { lease, receipts };
+}
+
+const statusOf = async (taskId: string) =>
+  (
+    await t.db
+      .selectFrom('tool_receipt')
+      .select('status')
+      .where('task_id', '=', taskId)
+      .where('step', '=', 'deploy')
+      .executeTakeFirstOrThrow()
+  ).status;
+
+describe('reconcile paused past its lease after finding the worker gone', () => {
+  it('does not gate the receipt: LeaseLostError, left uncertain for the holder, the audit log unchanged', async () => {
+    await deadWorkersReceipt('gone-gate');
+    const before = (await store.history('gone-gate')).length;
+    const { lease, receipts } = await slowReconciler('gone-gate');
+    const outcome = await receipts
+      .reconcile('gone-gate', { gate: { store, actor: AGENT, lease } })
+      .catch((e: unknown) => e);
+    expect(outcome).toBeInstanceOf(LeaseLostError);
+    expect(['started', 'uncertain']).toContain(await statusOf('gone-gate'));
+    expect((await store.history('gone-gate')).length).toBe(before);
+  });
+
+  it('does not claim the receipt for compensation: LeaseLostError, no compensation, left uncertain', async () => {
+    await deadWorkersReceipt('gone-comp');
+    const { lease, receipts } = await slowReconciler('gone-comp');
+    const undone: string[] = [];
+    const outcome = await receipts
+      .reconcile('gone-comp', {
+        lease,
+        compensators: {
+          deploy: async () => {
+            undone.push('rolled back');
+            return 'rolled back';
+          },
+        },
+      })
+      .catch((e: unknown) => e);
+    expect(outcome).toBeInstanceOf(LeaseLostError);
+    expect(undone).toEqual([]);
+    expect(['started', 'uncertain']).toContain(await statusOf('gone-comp'));
+  });
+});
+
+describe('a gate whose audit write meets another write to the task', () => {
+  it('reads the task again and writes its audit row; never gated without one', async () => {
+    await deadWorkersReceipt('gate-race');
+    // Another writer takes the version the gate read: its first audit write is stale.
+    let raced = false;
+    const racing: TaskStore = {
+      ...store,
+      async get(id, opts) {
+        const task = await store.get(id, opts);
+        if (!raced && task) {
+          raced = true;
+          const r = await store.update({
+            taskId: id,
+            expectedVersion: task.version,
+            actor: AGENT,
+            patch: { artifacts: { review_report: 's3://other-writer' } } as never,
+          });
+          expect(r.ok).toBe(true);
+        }
+        return task;
+      },
+    };
+    const r = await createReceiptStore({ db: t.db, abandonAfterMs: 100 }).reconcile('gate-race', {
+      gate: { store: racing, actor: AGENT },
+    });
+    expect(r).toMatchObject([{ action: 'gated' }]);
+    expect(await statusOf('gate-race')).toBe('gated');
+    const reasons = (await store.history('gate-race')).map((h) => h.reason ?? '');
+    expect(reasons.some((x) => x.startsWith('human decision required'))).toBe(true);
+  });
+});
