@@ -72,6 +72,12 @@ export async function deleteTasks(trx: Trx, tenant: string, ids: string[]): Prom
   const byTask = sql`task_id = ANY(${ids}::text[]) AND coalesce(tenant_id, ${tenant}) = ${tenant}`;
   return {
     inbox: await del('inbox', sql`key = ANY(${ids}::text[]) AND tenant_id = ${tenant}`),
+    // The newest version each group applied of the task's key (refuseStaleVersions): left, it
+    // refused as stale every message of a task created again under the id (review).
+    inbox_key_versions: await del(
+      'inbox_key_version',
+      sql`key = ANY(${ids}::text[]) AND tenant_id = ${tenant}`,
+    ),
     // Never a message that has not reached the broker: such tasks were deferred (above).
     outbox: 0,
     receipts: await del('tool_receipt', byTask),

@@ -43,7 +43,7 @@ async function footprint(taskId: string): Promise<Record<string, number>> {
     }>`SELECT count(*)::int AS n FROM ${sql.table(table)} WHERE task_id = ${taskId}`.execute(t.db);
     out[table] = r.rows[0]!.n;
   }
-  for (const table of ['outbox', 'inbox']) {
+  for (const table of ['outbox', 'inbox', 'inbox_key_version']) {
     const r = await sql<{
       n: number;
     }>`SELECT count(*)::int AS n FROM ${sql.table(table)} WHERE key = ${taskId}`.execute(t.db);
@@ -58,7 +58,7 @@ const everything = async () => {
   return Object.fromEntries(await Promise.all(ids.map(async (id) => [id, await footprint(id)] as const)));
 };
 
-/** A task of `tenant` that ends `cancelled`, with a receipt, a lease, a message, an inbox row and an annotation. */
+/** A task of `tenant` that ends `cancelled`, with a receipt, a lease, a message, an inbox row (and its key's applied version) and an annotation. */
 async function finishedTask(taskId: string, tenant: string, o: { artifacts?: boolean; end?: boolean } = {}) {
   await store.create({ task: newTask(taskId, { tenant_id: tenant }), actor: AGENT });
   const r = await store.update({
@@ -96,6 +96,10 @@ async function finishedTask(taskId: string, tenant: string, o: { artifacts?: boo
       },
     ]),
   );
+  // A consumer with refuseStaleVersions applied version 2 of the task's key. Left behind
+  // (review), it refused every message of a task created again under the id after retention.
+  await sql`INSERT INTO inbox_key_version (consumer_group, tenant_id, key, version, seq)
+            VALUES ('g1', ${tenant}, ${taskId}, 2, 0)`.execute(t.db);
   await annotate(t.db, { taskId, author: OPERATOR, body: 'checked' });
   if (o.end !== false) {
     const e = await store.update({
@@ -158,6 +162,7 @@ describe('retention, deletion certificates and legal hold', () => {
       tool_receipt: 1,
       outbox: 0,
       inbox: 1,
+      inbox_key_version: 1,
       task_annotation: 1,
     });
     const dry = await runRetention({ db: t.db, actor: OPERATOR, dryRun: true });
