@@ -1,6 +1,11 @@
 import type { Db } from '../src/db/database.js';
 import { messageOf } from '../src/errors.js';
-import { isPoisonError, isRetriableKafkaError, someInChain } from '../src/kafka/classifyError.js';
+import {
+  isPoisonError,
+  isRetriableKafkaError,
+  isUnknownTopic,
+  someInChain,
+} from '../src/kafka/classifyError.js';
 import type { Publisher } from '../src/kafka/publisher.js';
 import type { Logger } from '../src/logger.js';
 import { DLQ_HEADER, HEADER } from '../src/outbox/wire.js';
@@ -68,6 +73,13 @@ export function deadLetterer(o: {
           // every restart of the consumer, for ever. Recorded without it, the partition moves on;
           // `cairn inbox dlq` lists it and `cairn inbox replay` applies it once it is fixed.
           // Not what the client itself would try again (CORRUPT_MESSAGE is on both lists).
+          // A .dlq topic the broker has not and will not create (auto-creation off, or its name
+          // colliding with another's by '.' and '_', which any tenant's message may have made):
+          // thrown, the message ran again at every fetch, for ever, its partition held (review).
+          if (isUnknownTopic(err)) {
+            notSent = ` (not sent to ${m.topic}.dlq, a topic the broker does not have: ${messageOf(err)})`;
+            return;
+          }
           if (!isPoisonError(err) || retriableInChain(err)) throw err;
           notSent = ` (not sent to ${m.topic}.dlq, which the broker refuses: ${messageOf(err)})`;
         });

@@ -216,4 +216,58 @@ describe('a dead letter the broker refuses', () => {
       ]);
     });
   });
+
+  // Review: a .dlq topic the broker does not have and will not create (here its name collides
+  // with another's by '.' and '_'; the same with auto-creation off) failed the dead letter as
+  // retriable: the batch failed, the message ran again at every fetch, its partition held.
+  it('a .dlq topic the broker cannot create: recorded in inbox_dlq only, the handler not run again and again, the partition moves on', async () => {
+    const topic = await createTestTopic('inbox.dlq.missing', 1);
+    const admin = kafka.admin();
+    await admin.connect();
+    await createTopicsAndWait(admin, [{ topic: `${topic.replaceAll('.', '_')}_dlq`, numPartitions: 1 }]);
+    await admin.disconnect();
+    const poisonId = uuid();
+    await produceTo(
+      topic,
+      [931, 932].map((seq) => ({
+        key: 'k',
+        value: JSON.stringify({ seq }),
+        headers: { 'cairn-message-id': seq === 931 ? poisonId : uuid() },
+      })),
+    );
+    let runs = 0;
+    const handler: InboxHandler = async (trx, m) => {
+      const { seq } = m.json<{ seq: number }>();
+      if (seq === 931) {
+        runs++;
+        throw Object.assign(new Error('seq 931 is malformed'), { retriable: false });
+      }
+      await sql`INSERT INTO seen (seq) VALUES (${seq})`.execute(trx);
+    };
+    const groupId = `${topic}.g`;
+    await withConsumer(topic, groupId, handler, 2, async (consumer) => {
+      await waitFor(
+        'seq 932 applied after the dead letter',
+        () => consumer.stats().applied === 1 && consumer.stats().deadLettered === 1,
+        60_000,
+      );
+      const runsWhenDead = runs;
+      await new Promise((r) => setTimeout(r, 2000)); // a fetch loop would run the handler again meanwhile
+      expect(runs).toBe(runsWhenDead);
+      const dlq = await tdb.db
+        .selectFrom('inbox_dlq')
+        .select(['message_id', 'error'])
+        .where('consumer_group', '=', groupId)
+        .execute();
+      expect(dlq).toEqual([
+        {
+          message_id: poisonId,
+          error: expect.stringMatching(
+            /^seq 931 is malformed \(not sent to .+\.dlq, a topic the broker does not have: /,
+          ),
+        },
+      ]);
+      expect(await seenFrom(931)).toEqual([932]);
+    });
+  }, 90_000);
 });
