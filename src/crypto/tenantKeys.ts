@@ -1,4 +1,5 @@
 import { randomBytes, randomUUID } from 'node:crypto';
+import { sql } from 'kysely';
 import { z } from 'zod';
 import type { Db } from '../db/database.js';
 import type { Executor } from '../db/executor.js';
@@ -231,4 +232,16 @@ function wrongTenant(keyId: string, owner: string, asked: string): CairnError {
     'wrong_tenant_key',
     `data key ${keyId} belongs to tenant ${owner}, not ${asked}: refusing to decrypt; nothing was returned`,
   );
+}
+
+/**
+ * Whether the tenant has a data key (any, visible to this executor's role). A key_missing with
+ * one means this process cannot unwrap it (its keyring lacks the key-encryption key): an outage
+ * of configuration, never "this tenant encrypts nothing".
+ */
+export async function hasDataKey(ex: Executor, tenantId: string): Promise<boolean> {
+  const r = await sql<{
+    one: number;
+  }>`SELECT 1 AS one FROM tenant_key WHERE tenant_id = ${tenantId} LIMIT 1`.execute(ex);
+  return r.rows.length > 0;
 }

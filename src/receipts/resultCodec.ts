@@ -1,4 +1,4 @@
-import type { TenantKeys } from '../crypto/tenantKeys.js';
+import { hasDataKey, type TenantKeys } from '../crypto/tenantKeys.js';
 import type { Db } from '../db/database.js';
 import { CairnError, messageOf, UnavailableError } from '../errors.js';
 import type { Logger } from '../logger.js';
@@ -46,20 +46,30 @@ export function createResultCodec(db: Db, keys: TenantKeys | undefined, log: Log
     },
 
     /**
-     * The result as a success stores it. A key provider that did not answer throws, and the
-     * success is recorded once it answers (recordThroughOutages sends it again). A key that
-     * can never seal it (the provider refused, the tenant's key shredded) stores the success
-     * without its result, its digest kept: a known success is never left `started` for
+     * The result as a success stores it. Whatever keeps the tenant's key from sealing it now (a
+     * provider that did not answer or refused, a key-encryption key this process's keyring
+     * lacks) is an outage: thrown as one, and the success is recorded once it passes
+     * (recordThroughOutages sends it again, and logs each try). Only a tenant with no data key
+     * at all (never given one, or shredded) can never have it sealed: the success is stored
+     * without its result, its digest kept. A known success is never left `started` for
      * reconcile to take for uncertain and gate, compensate or run again.
      */
     async encodeSuccess(receiptId: string, result: unknown) {
       try {
         return await codec.encode(receiptId, result);
       } catch (err) {
-        if (!(err instanceof CairnError) || (err instanceof UnavailableError && !err.refused)) throw err;
+        if (!(err instanceof CairnError)) throw err; // Postgres: recordThroughOutages decides
+        const tenant = await db
+          .selectFrom('tool_receipt')
+          .select('tenant_id')
+          .where('receipt_id', '=', receiptId)
+          .executeTakeFirst();
+        if (tenant && (await hasDataKey(db, tenant.tenant_id ?? ''))) {
+          throw new UnavailableError(`sealing the result of receipt ${receiptId}: ${messageOf(err)}`, err);
+        }
         log.error(
           { receipt_id: receiptId, err: messageOf(err) },
-          "the effect's success is recorded without its result: its tenant's key cannot seal it",
+          "the effect's success is recorded without its result: its tenant has no data key to seal it",
         );
         return NO_RESULT;
       }

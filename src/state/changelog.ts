@@ -2,7 +2,7 @@ import { sql } from 'kysely';
 import { z } from 'zod';
 import { canonicalBytes, sha256 } from '../canonical.js';
 import { type KeyRing, type Signature, signBytes, verifyBytes } from '../checkpoints/signing.js';
-import type { TenantKeys } from '../crypto/tenantKeys.js';
+import { hasDataKey, type TenantKeys } from '../crypto/tenantKeys.js';
 import type { Executor } from '../db/executor.js';
 import { CairnError, ValidationError } from '../errors.js';
 import type { OutboxRow } from '../outbox/message.js';
@@ -360,13 +360,6 @@ async function sealed(
       return { body };
     throw err;
   }
-}
-
-async function hasDataKey(t: Executor, tenantId: string): Promise<boolean> {
-  const r = await sql<{
-    one: number;
-  }>`SELECT 1 AS one FROM tenant_key WHERE tenant_id = ${tenantId} LIMIT 1`.execute(t);
-  return r.rows.length > 0;
 }
 
 /**

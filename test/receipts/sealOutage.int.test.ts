@@ -1,8 +1,9 @@
 // Review (outage is not uncertainty, with tenant keys): a success's result is sealed under the
 // tenant's data key, which may need the key provider. Before, a provider that did not answer
 // just then made runOnce throw after the effect ran: the receipt stayed `started`, and once its
-// worker was taken for dead it was gated, compensated or run again. A provider that refuses (the
-// tenant disabled its key) can never seal it: the success is recorded without its result.
+// worker was taken for dead it was gated, compensated or run again. A refusal is waited out as
+// an outage (review: dropping the result on the first AccessDenied lost it for good); only a
+// tenant with no data key left is recorded without its result.
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -22,10 +23,13 @@ beforeAll(async () => {
   t = await createTestDatabase('receipt_seal_outage');
   keyringPath = join(mkdtempSync(join(tmpdir(), 'cairn-seal-')), 'keyring.json');
   writeKeyring(keyringPath);
-  await createTenantKeys({ db: t.db, provider: localKeyring(keyringPath) }).addTenant('acme');
+  const keys = createTenantKeys({ db: t.db, provider: localKeyring(keyringPath) });
+  await keys.addTenant('acme');
+  await keys.addTenant('gone');
   const tasks = createTaskStore({ db: t.db });
   await tasks.create({ task: newTask('S-1'), actor: AGENT });
   await tasks.create({ task: newTask('S-2'), actor: AGENT });
+  await tasks.create({ task: newTask('S-3', { tenant_id: 'gone' }), actor: AGENT });
 });
 afterAll(async () => {
   await t?.drop();
@@ -92,17 +96,53 @@ it('a key provider down when the success is sealed: recorded, sealed, once it an
   expect(c.calls()).toBe(1);
 });
 
-it("a key provider that refuses the tenant's key: the success is recorded without its result, never left started", async () => {
+it('a key provider that refuses for a while (a disabled key, an IAM mistake): recorded, sealed, once it answers yes; the result never dropped', async () => {
+  const refusing = refusingTenant(localKeyring(keyringPath), 'acme');
+  const full = localKeyring(keyringPath);
+  let refuse = true;
   const receipts = createReceiptStore({
     db: t.db,
     worker: 'w1',
     abandonAfterMs: 1000,
-    keys: createTenantKeys({ db: t.db, provider: refusingTenant(localKeyring(keyringPath), 'acme') }),
+    keys: createTenantKeys({
+      db: t.db,
+      provider: {
+        currentKekId: () => full.currentKekId(),
+        wrap: (id, key, context) => full.wrap(id, key, context),
+        unwrap: (id, wrapped, context) => (refuse ? refusing : full).unwrap(id, wrapped, context),
+      },
+    }),
   });
-  const c = charge('S-2', () => {});
-  const first = await receipts.runOnce(c.input);
-  expect(first).toMatchObject({ status: 'succeeded', ran: true, result: { charge: 'ch_S-2' } });
+  const c = charge('S-2', () => {
+    setTimeout(() => {
+      refuse = false;
+    }, 400);
+  });
+  expect(await receipts.runOnce(c.input)).toMatchObject({
+    status: 'succeeded',
+    ran: true,
+    result: { charge: 'ch_S-2' },
+  });
   const row = await rowOf('S-2');
+  expect(row.status).toBe('succeeded');
+  expect(row.result_enc).not.toBeNull();
+});
+
+it('a tenant with no data key left (shredded): the success is recorded without its result, never left started', async () => {
+  await t.db.deleteFrom('tenant_key').where('tenant_id', '=', 'gone').execute();
+  const receipts = createReceiptStore({
+    db: t.db,
+    worker: 'w1',
+    abandonAfterMs: 1000,
+    keys: createTenantKeys({ db: t.db, provider: localKeyring(keyringPath) }),
+  });
+  const c = charge('S-3', () => {});
+  expect(await receipts.runOnce(c.input)).toMatchObject({
+    status: 'succeeded',
+    ran: true,
+    result: { charge: 'ch_S-3' },
+  });
+  const row = await rowOf('S-3');
   expect(row).toMatchObject({ status: 'succeeded', result: null, result_enc: null });
   expect(row.result_digest).toMatch(/^sha256:/);
 
