@@ -131,16 +131,32 @@ export async function compensateFrom<T>(
     const still = await ctx.load(row.idempotency_key, input.taskId);
     if (still?.status !== 'compensating') return settled(still ?? { ...row, status: 'gated' });
   }
-  const compensation = await ctx.runOnce({
-    taskId: input.taskId,
-    step: `${input.step}/compensate`,
-    tool: `${input.tool}.compensate`,
-    args: { receipt_id: row.receipt_id },
-    effect: (ctx) => input.compensate!({ ...ctx, idempotencyKey: row.idempotency_key }),
-    onUncertain: 'gate',
-    ...(input.lease ? { lease: input.lease } : {}),
-    ...(input.gate ? { gate: input.gate } : {}),
-  });
+  const compensation = await ctx
+    .runOnce({
+      taskId: input.taskId,
+      step: `${input.step}/compensate`,
+      tool: `${input.tool}.compensate`,
+      args: { receipt_id: row.receipt_id },
+      effect: (ctx) => input.compensate!({ ...ctx, idempotencyKey: row.idempotency_key }),
+      onUncertain: 'gate',
+      ...(input.lease ? { lease: input.lease } : {}),
+      ...(input.gate ? { gate: input.gate } : {}),
+    })
+    .catch(async (err: unknown) => {
+      // The lease was lost between the claim and the compensation's start (a compensator paused
+      // past it): the compensation did not run. The claim goes back, so the holder finds the
+      // receipt uncertain, not compensating for good under a worker that may not go on (review).
+      if (err instanceof LeaseLostError) {
+        await ctx.db
+          .updateTable('tool_receipt')
+          .set({ status: 'uncertain', resolution: `compensation not started: ${err.message}` })
+          .where('receipt_id', '=', row.receipt_id)
+          .where('status', '=', 'compensating')
+          .where('worker', '=', worker)
+          .execute();
+      }
+      throw err;
+    });
   if (compensation.status === 'in_progress')
     return { ...ref, status: 'in_progress', worker: compensation.worker };
   const outcome =

@@ -2,6 +2,7 @@ import type { Db } from '../db/database.js';
 import { LeaseLostError, StaleWriteError } from '../errors.js';
 import { holdsFence } from '../leases/sql/fenceCheck.js';
 import { refuseUnknownKeys } from '../options.js';
+import { TERMINAL } from '../state/transitions.js';
 import type { ReceiptRow, RunOnceInput } from './types.js';
 
 /** How often the gate's audit write reads the task again when another write took its version. */
@@ -35,7 +36,10 @@ export async function gateUncertain<T>(db: Db, input: RunOnceInput<T>, row: Rece
     if (!gated || !input.gate) return gated !== undefined;
     for (let round = 1; ; round++) {
       const task = await input.gate.store.get(input.taskId, { trx });
-      if (!task) return true;
+      // A task that ended (complete, failed, cancelled, expired) never changes again, an audit
+      // row included: the receipt alone says a human decides (review: refused, the gate rolled
+      // back and left the receipt uncertain, open to a retry that runs the effect again).
+      if (!task || TERMINAL.has(task.status)) return true;
       const r = await input.gate.store.update({
         taskId: input.taskId,
         expectedVersion: task.version,

@@ -211,6 +211,7 @@ export function createTaskStore(options: TaskStoreOptions): TaskStore {
       noteStatusChange(prev, next);
       assertNoCredentials(`task ${input.taskId}`, patch);
       assertNoCredentials(`the reason for task ${input.taskId}'s change`, input.reason);
+      assertNoCredentials(`the checkpoint of task ${input.taskId}'s change`, input.checkpoint);
       assertChangeAllowed(prev, next, { reason: input.reason, requiredGates: o.requiredGates });
       fields?.assertChangeNotCopied(next, input.reason, input.messages);
       const nextStored = await seal(ex, next, known);

@@ -54,16 +54,17 @@ async function deadWorkersReceipt(taskId: string) {
   await waitForLeaseExpiry(t.db, taskId, 'main');
 }
 
-/** A resumer's lease, and a receipt store that pauses after finding the worker gone until a new owner holds the task. */
+/** A resumer's lease, and a receipt store that pauses (after finding the worker gone, or after claiming the receipt for compensation) until a new owner holds the task. */
 async function slowReconciler(
   taskId: string,
+  at: 'afterOwnerGone' | 'afterCompensationClaim' = 'afterOwnerGone',
 ): Promise<{ lease: Lease; receipts: ReturnType<typeof createReceiptStore> }> {
   const lease = await leases().acquire({ taskId, branch: 'main', agentId: 'resumer', ttlMs: 300 });
   if (!lease.ok) throw new Error('resumer lease');
   const receipts = createReceiptStoreWithTestHooks(
     { db: t.db, abandonAfterMs: 100 },
     {
-      afterOwnerGone: async () => {
+      [at]: async () => {
         await waitForLeaseExpiry(t.db, taskId, 'main');
         const owner = await leases().acquire({ taskId, branch: 'main', agentId: 'new-owner', ttlMs: 60_000 });
         if (!owner.ok) throw new Error('the new owner should get the lease');
@@ -114,6 +115,52 @@ describe('reconcile paused past its lease after finding the worker gone', () => 
     expect(outcome).toBeInstanceOf(LeaseLostError);
     expect(undone).toEqual([]);
     expect(['started', 'uncertain']).toContain(await statusOf('gone-comp'));
+  });
+});
+
+describe('a reconcile paused past its lease after claiming the receipt for compensation', () => {
+  // Review of the fix: the claim was fenced, the compensation's start was not looked at again:
+  // refused at its intent, it left the receipt compensating for good.
+  it('runs no compensation and gives the claim back: the holder finds the receipt uncertain', async () => {
+    await deadWorkersReceipt('claimed-comp');
+    const { lease, receipts } = await slowReconciler('claimed-comp', 'afterCompensationClaim');
+    const undone: string[] = [];
+    const outcome = await receipts
+      .reconcile('claimed-comp', {
+        lease,
+        compensators: {
+          deploy: async () => {
+            undone.push('rolled back');
+            return 'rolled back';
+          },
+        },
+      })
+      .catch((e: unknown) => e);
+    expect(outcome).toBeInstanceOf(LeaseLostError);
+    expect(undone).toEqual([]);
+    expect(await statusOf('claimed-comp')).toBe('uncertain');
+  });
+});
+
+describe('a gate on a task that ended', () => {
+  // Review of the fix: the audit write, refused for a task that ended, rolled the gate back and
+  // left the receipt uncertain (open to a retry that runs the effect again).
+  it('gates the receipt; the task, which never changes again, gets no audit row', async () => {
+    await deadWorkersReceipt('ended-gate');
+    const r = await store.update({
+      taskId: 'ended-gate',
+      expectedVersion: 1,
+      actor: AGENT,
+      patch: { status: 'cancelled' },
+    });
+    expect(r.ok).toBe(true);
+    const before = (await store.history('ended-gate')).length;
+    const out = await createReceiptStore({ db: t.db, abandonAfterMs: 100 }).reconcile('ended-gate', {
+      gate: { store, actor: AGENT },
+    });
+    expect(out).toMatchObject([{ action: 'gated' }]);
+    expect(await statusOf('ended-gate')).toBe('gated');
+    expect((await store.history('ended-gate')).length).toBe(before);
   });
 });
 

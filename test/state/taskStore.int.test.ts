@@ -287,6 +287,18 @@ describe('TaskState store on real Postgres', () => {
     await expect(
       store.create({ task: newTask('secret-reason-2'), actor: AGENT, reason: `made with ${token}` }),
     ).rejects.toBeInstanceOf(ValidationError);
+    // The checkpoint's own reason too (review of the fix): it is stored, signed, for good.
+    const viaCheckpoint = await store
+      .update({
+        taskId: 'secret-reason',
+        expectedVersion: 1,
+        actor: AGENT,
+        patch: planApproved(),
+        checkpoint: { reason: `plan with ${token}` },
+      } as never)
+      .catch((e: unknown) => e);
+    expect(viaCheckpoint).toBeInstanceOf(ValidationError);
+    expect((await store.get('secret-reason'))?.version).toBe(1);
   });
 
   it('the SQL transition table is the same as the code table', async () => {
