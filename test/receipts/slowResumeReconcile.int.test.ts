@@ -9,13 +9,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createCheckpointer } from '../../src/checkpoints/checkpoints.js';
 import { LeaseLostError } from '../../src/errors.js';
 import { createLeaseManager } from '../../src/leases/leases.js';
-import { createReceiptStoreWithTestHooks } from '../../src/receipts/receipts.js';
 import { type Policy, resume } from '../../src/recovery/resume.js';
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { resumeOptions, seedPlannedTask } from '../checkpoints/fixtures.js';
 import { waitForLeaseExpiry } from '../support/leases.js';
 import { pausePoint } from '../support/pausePoint.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
+import { deadWorkersDeploy } from './deadWorker.js';
 
 let t: TestDatabase;
 beforeAll(async () => {
@@ -30,29 +30,7 @@ async function taskWithDeadWorkersReceipt(taskId: string) {
   const checkpoints = createCheckpointer({ db: t.db });
   const store = createTaskStore({ db: t.db, checkpointer: checkpoints });
   await seedPlannedTask(store, taskId);
-  const leases = createLeaseManager({ db: t.db });
-  const w0 = await leases.acquire({ taskId, branch: 'main', agentId: 'w0', ttlMs: 200 });
-  if (!w0.ok) throw new Error('w0 lease');
-  const dying = createReceiptStoreWithTestHooks(
-    { db: t.db },
-    {
-      afterIntent: () => {
-        throw new Error('w0 is SIGKILLed after its intent');
-      },
-    },
-  );
-  await expect(
-    dying.runOnce({
-      taskId,
-      step: 'deploy',
-      tool: 'deploy',
-      args: { v: 1 },
-      onUncertain: 'gate',
-      lease: w0,
-      effect: async () => 'deployed',
-    }),
-  ).rejects.toThrow('SIGKILLed');
-  await waitForLeaseExpiry(t.db, taskId, 'main');
+  await deadWorkersDeploy(t.db, taskId);
   return { store, checkpoints };
 }
 
