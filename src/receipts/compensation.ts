@@ -146,6 +146,8 @@ export async function compensateFrom<T>(
       // The lease was lost between the claim and the compensation's start (a compensator paused
       // past it): the compensation did not run. The claim goes back, so the holder finds the
       // receipt uncertain, not compensating for good under a worker that may not go on (review).
+      // Only while no compensation receipt exists: one there (the new holder's, continuing this
+      // claim; or this worker's own, cut off) may have run, and the claim is not ours to undo.
       if (err instanceof LeaseLostError) {
         await ctx.db
           .updateTable('tool_receipt')
@@ -153,6 +155,16 @@ export async function compensateFrom<T>(
           .where('receipt_id', '=', row.receipt_id)
           .where('status', '=', 'compensating')
           .where('worker', '=', worker)
+          .where(({ not, exists, selectFrom }) =>
+            not(
+              exists(
+                selectFrom('tool_receipt as c')
+                  .select('c.receipt_id')
+                  .where('c.task_id', '=', input.taskId)
+                  .where('c.step', '=', `${input.step}/compensate`),
+              ),
+            ),
+          )
           .execute();
       }
       throw err;

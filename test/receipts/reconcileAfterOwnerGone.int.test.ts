@@ -13,6 +13,7 @@ import { createReceiptStore, createReceiptStoreWithTestHooks } from '../../src/r
 import { createTaskStore, type TaskStore } from '../../src/state/taskStore.js';
 import { AGENT, newTask } from '../state/fixtures.js';
 import { waitForLeaseExpiry } from '../support/leases.js';
+import { pausePoint } from '../support/pausePoint.js';
 import { createTestDatabase, type TestDatabase } from '../support/testDatabase.js';
 import { deadWorkersDeploy } from './deadWorker.js';
 
@@ -107,6 +108,60 @@ describe('reconcile paused past its lease after finding the worker gone', () => 
       );
     },
   );
+});
+
+describe("a claim given back only while it is the claimer's to give", () => {
+  // Review of the give-back: W1 paused after its claim, the new holder W2 continued that claim
+  // (its compensation running), then W1 woke, was refused at its compensation's start and gave
+  // the claim back: the receipt said "uncertain, not started" while W2's compensation ran.
+  it("a slow claimer does not give back a claim the holder's compensation is running under", async () => {
+    await deadWorkersReceipt('shared-claim');
+    const w1Lease = await leases().acquire({
+      taskId: 'shared-claim',
+      branch: 'main',
+      agentId: 'w1',
+      ttlMs: 300,
+    });
+    if (!w1Lease.ok) throw new Error('w1 lease');
+    const w1Paused = pausePoint();
+    const w1 = createReceiptStoreWithTestHooks(
+      { db: t.db, abandonAfterMs: 100, worker: 'w1' },
+      { afterCompensationClaim: () => w1Paused.hold() },
+    );
+    const compensators = (during: () => Promise<void>) => ({
+      deploy: async () => {
+        await during();
+        return 'rolled back';
+      },
+    });
+    const w1Done = w1
+      .reconcile('shared-claim', { lease: w1Lease, compensators: compensators(async () => {}) })
+      .catch((e: unknown) => e);
+    await w1Paused.reached;
+    await waitForLeaseExpiry(t.db, 'shared-claim', 'main');
+    const w2Lease = await leases().acquire({
+      taskId: 'shared-claim',
+      branch: 'main',
+      agentId: 'w2',
+      ttlMs: 60_000,
+    });
+    if (!w2Lease.ok) throw new Error('w2 lease');
+    const w2Undoing = pausePoint();
+    const w2Done = createReceiptStore({ db: t.db, abandonAfterMs: 100, worker: 'w2' }).reconcile(
+      'shared-claim',
+      {
+        lease: w2Lease,
+        compensators: compensators(() => w2Undoing.hold()),
+      },
+    );
+    await w2Undoing.reached; // W2's compensation is running under W1's claim
+    w1Paused.release();
+    expect(await w1Done).toBeInstanceOf(LeaseLostError);
+    expect(await statusOf('shared-claim')).toBe('compensating'); // not given back
+    w2Undoing.release();
+    expect(await w2Done).toMatchObject([{ action: 'compensated' }]);
+    expect(await statusOf('shared-claim')).toBe('compensated');
+  });
 });
 
 describe('a gate on a task that ended', () => {
